@@ -1,0 +1,289 @@
+"""The explicit tool registry: the only place a tool comes into existence (EXT-1).
+
+Every tool is a literal ``ToolSpec`` entry below. Nothing registers a tool at run time,
+so a name that a model or a command invents can only ever meet ``UnknownTool``. Each entry
+carries the JSON Schema its arguments must match and the ``policies.request.Request`` its
+arguments ask of the policy, so the control plane (which decides) and the runner (which
+validates again before it acts) read one definition.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import jsonschema
+import jsonschema.exceptions
+
+from policies.request import Request
+from runners.errors import InvalidArguments, UnknownTool
+from runners.workspace import PathRefused, split_relative_path
+
+__all__ = [
+    "ENV_RESERVED",
+    "TOOLS",
+    "InvalidArguments",
+    "ToolSpec",
+    "UnknownTool",
+    "get_tool",
+    "validate_args",
+]
+
+# Bounds that keep one call's arguments small enough to sign, log and pass to execve.
+MAX_PATH_CHARS = 4096
+MAX_FILE_CONTENT_CHARS = 1024 * 1024
+MAX_ARGV_ITEMS = 256
+MAX_ARG_CHARS = 8192
+MAX_SCRIPT_CHARS = 64 * 1024
+MAX_CODE_CHARS = 64 * 1024
+MAX_ENV_ENTRIES = 64
+MAX_TIMEOUT_S = 3600
+
+# The runner sets these to describe the sandbox (the per-command TMPDIR, the workspace as
+# HOME, the image's PATH). An overlay may not replace them, so a tool result never depends
+# on a caller redefining where its temporary files or programs live. This is a contract,
+# not a security boundary: inside the sandbox a script may export anything it likes.
+ENV_RESERVED = frozenset({"HOME", "PATH", "TMPDIR"})
+
+_NO_NUL = "^[^\\x00]*$"
+
+_PATH = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_PATH_CHARS,
+    "pattern": _NO_NUL,
+    "description": "Workspace-relative path; '.' is the workspace itself.",
+}
+
+_TIMEOUT = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_S}
+
+
+def _object(properties: Mapping[str, Any], required: list[str], **extra: Any) -> dict:
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": dict(properties),
+        "required": required,
+        **extra,
+    }
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What a tool is: its name, the capability it needs, its argument schema.
+
+    ``idempotent`` says whether running the same arguments twice has the effect of running
+    them once; the runner may retry an interrupted call only when it is true.
+    """
+
+    name: str
+    capability: str
+    summary: str
+    input_schema: Mapping[str, Any]
+    idempotent: bool
+    build_request: Callable[[Mapping[str, Any]], Request]
+
+    def capability_request(self, args: Mapping[str, Any]) -> Request:
+        """The policy request for already validated ``args``."""
+        return self.build_request(args)
+
+
+def _limits(args: Mapping[str, Any]) -> Mapping[str, float]:
+    if "timeout_s" in args:
+        return MappingProxyType({"timeout_s": float(args["timeout_s"])})
+    return MappingProxyType({})
+
+
+def _path_request(capability: str) -> Callable[[Mapping[str, Any]], Request]:
+    def build(args: Mapping[str, Any]) -> Request:
+        return Request(capability=capability, paths=(args["path"],))
+
+    return build
+
+
+def _shell_request(args: Mapping[str, Any]) -> Request:
+    command = posixpath.basename(args["argv"][0]) if "argv" in args else "sh"
+    return Request(capability="shell.exec", command=command, limits=_limits(args))
+
+
+def _python_request(args: Mapping[str, Any]) -> Request:
+    return Request(capability="code.exec", limits=_limits(args))
+
+
+_SHELL_SCHEMA = _object(
+    {
+        "argv": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_ARGV_ITEMS,
+            "prefixItems": [{"type": "string", "minLength": 1}],
+            "items": {"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": _NO_NUL},
+        },
+        "script": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_SCRIPT_CHARS,
+            "pattern": _NO_NUL,
+        },
+        "cwd": _PATH,
+        "env": {
+            "type": "object",
+            "maxProperties": MAX_ENV_ENTRIES,
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,127}$"},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_ARG_CHARS,
+                "pattern": _NO_NUL,
+            },
+        },
+        "timeout_s": _TIMEOUT,
+    },
+    [],
+    oneOf=[{"required": ["argv"]}, {"required": ["script"]}],
+)
+
+TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            ToolSpec(
+                name="shell.exec",
+                capability="shell.exec",
+                summary="Run a program (argv) or a POSIX sh script in the sandbox.",
+                input_schema=_SHELL_SCHEMA,
+                idempotent=False,
+                build_request=_shell_request,
+            ),
+            ToolSpec(
+                name="code.python",
+                capability="code.exec",
+                summary="Run a Python 3 program in the sandbox.",
+                input_schema=_object(
+                    {
+                        "code": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_CODE_CHARS,
+                            "pattern": _NO_NUL,
+                        },
+                        "timeout_s": _TIMEOUT,
+                    },
+                    ["code"],
+                ),
+                idempotent=False,
+                build_request=_python_request,
+            ),
+            ToolSpec(
+                name="fs.read",
+                capability="fs.read",
+                summary="Read a file in the workspace.",
+                input_schema=_object({"path": _PATH}, ["path"]),
+                idempotent=True,
+                build_request=_path_request("fs.read"),
+            ),
+            ToolSpec(
+                name="fs.list",
+                capability="fs.read",
+                summary="List a directory in the workspace.",
+                input_schema=_object({"path": _PATH}, ["path"]),
+                idempotent=True,
+                build_request=_path_request("fs.read"),
+            ),
+            ToolSpec(
+                name="fs.write",
+                capability="fs.write",
+                summary="Create or replace a file in the workspace with the given text.",
+                input_schema=_object(
+                    {
+                        "path": _PATH,
+                        "content": {"type": "string", "maxLength": MAX_FILE_CONTENT_CHARS},
+                    },
+                    ["path", "content"],
+                ),
+                # Writing the same content again leaves the same file and the same result.
+                idempotent=True,
+                build_request=_path_request("fs.write"),
+            ),
+            ToolSpec(
+                name="fs.delete",
+                capability="fs.write",
+                summary="Delete a file, a symbolic link or an empty directory in the workspace.",
+                input_schema=_object({"path": _PATH}, ["path"]),
+                # A second delete finds nothing and fails, unlike the first.
+                idempotent=False,
+                build_request=_path_request("fs.write"),
+            ),
+        )
+    }
+)
+
+_VALIDATORS = {
+    name: jsonschema.Draft202012Validator(spec.input_schema) for name, spec in TOOLS.items()
+}
+for _validator in _VALIDATORS.values():
+    _validator.check_schema(_validator.schema)
+
+
+def get_tool(name: str) -> ToolSpec:
+    """The registered tool called ``name``; anything else raises ``UnknownTool``."""
+    try:
+        return TOOLS[name]
+    except (KeyError, TypeError):
+        raise UnknownTool(f"unknown tool {name!r}") from None
+
+
+def validate_args(name: str, args: Any) -> dict[str, Any]:
+    """Check ``args`` against tool ``name``'s schema and return them as a plain copy.
+
+    The copy holds only JSON types and is what the caller should hash, sign and run, never
+    the object it was given. Errors name the offending field (``args.argv[0]``).
+    """
+    validator = _VALIDATORS[get_tool(name).name]
+    error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+    if error is not None:
+        raise _field_error(error)
+    for field in ("path", "cwd"):
+        if field in args:
+            try:
+                split_relative_path(args[field])
+            except PathRefused as refused:
+                raise InvalidArguments(f"args.{field}", refused.reason) from None
+    for variable in sorted(args.get("env", {})):
+        if variable in ENV_RESERVED:
+            raise InvalidArguments(
+                f"args.env.{variable}", "is set by the sandbox and cannot be overridden"
+            )
+    return copy.deepcopy(args)
+
+
+def _field_error(error: jsonschema.exceptions.ValidationError) -> InvalidArguments:
+    field = _field_path(error.absolute_path)
+    instance = error.instance
+    if error.validator == "required":
+        missing = [key for key in error.validator_value if key not in instance]
+        return InvalidArguments(_field_path([*error.absolute_path, missing[0]]), "is required")
+    if error.validator == "additionalProperties":
+        allowed = error.schema.get("properties", {})
+        unexpected = sorted(key for key in instance if key not in allowed)
+        return InvalidArguments(
+            _field_path([*error.absolute_path, unexpected[0]]), "is not allowed"
+        )
+    if error.validator == "oneOf" and not error.absolute_path:
+        return InvalidArguments(field, "give exactly one of 'argv' or 'script'")
+    if error.validator == "propertyNames":
+        return InvalidArguments(field, f"{instance!r} is not a valid environment variable name")
+    if error.validator == "pattern" and error.validator_value == _NO_NUL:
+        return InvalidArguments(field, "must not contain NUL characters")
+    return InvalidArguments(field, error.message)
+
+
+def _field_path(parts: Any) -> str:
+    text = "args"
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text

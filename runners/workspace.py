@@ -1,0 +1,322 @@
+"""Workspace paths that cannot leave the workspace (RUN-6).
+
+File tools run on the runner host, outside any container, so the path handling here is the
+whole boundary. Every path is walked one component at a time with ``openat`` and
+``O_NOFOLLOW``, relative to a directory descriptor that is already known to be inside
+the workspace: a symbolic link anywhere on the path (pointing out, pointing in, or
+dangling) is refused rather than followed, and a rename that races the walk cannot redirect
+it, because no step ever resolves a path string from the root again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from runners.errors import RunnerError
+
+# The unprivileged user that owns workspaces and runs sandboxed commands. The tool image
+# creates it (deploy/images/tool-runtime/build.sh); a root runner chowns what it creates to
+# it so commands in the sandbox can change every file the file tools wrote.
+SANDBOX_UID = 10001
+SANDBOX_GID = 10001
+
+_PROJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_PREFIX = ".kestrel-tmp-"
+_HASH_CHUNK = 1024 * 1024
+
+
+class WorkspaceError(RunnerError):
+    """A file operation in the workspace that could not be done; says which path and why."""
+
+    code = "workspace_error"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class PathRefused(WorkspaceError):
+    """The path is unsafe (absolute, ``..``, NUL, a symbolic link...) and was never opened."""
+
+    code = "path_refused"
+
+
+class PathNotFound(WorkspaceError):
+    """Nothing exists at the path."""
+
+    code = "path_not_found"
+
+
+class WrongFileType(WorkspaceError):
+    """The path exists but is not the kind of file the operation needs."""
+
+    code = "wrong_file_type"
+
+
+def workspace_owner() -> tuple[int, int]:
+    """The uid and gid that sandboxed commands run as and that workspace files belong to.
+
+    A runner running as root hands everything to ``SANDBOX_UID``; an unprivileged runner
+    cannot chown, so its commands run as itself and the files stay its own.
+    """
+    if os.geteuid() == 0:
+        return SANDBOX_UID, SANDBOX_GID
+    return os.getuid(), os.getgid()
+
+
+def split_relative_path(path: str) -> tuple[str, ...]:
+    """The components of a workspace-relative path, or ``PathRefused`` saying why not.
+
+    Only canonical spellings pass (no ``//``, no ``./``, no trailing ``/``), so the path a
+    policy judged is byte for byte the path that is opened. ``"."`` alone is the workspace.
+    """
+    if not isinstance(path, str) or path == "":
+        raise PathRefused(str(path), "an empty path names nothing")
+    if "\x00" in path:
+        raise PathRefused(path, "paths must not contain NUL characters")
+    if path.startswith("/"):
+        raise PathRefused(path, "absolute paths are refused; give a path inside the workspace")
+    if path == ".":
+        return ()
+    parts = tuple(path.split("/"))
+    if ".." in parts:
+        raise PathRefused(path, "'..' is refused; paths cannot climb out of the workspace")
+    if "" in parts or "." in parts:
+        raise PathRefused(path, "write the path without '//', './' or a trailing '/'")
+    return parts
+
+
+def workspace_for(root: Path, project_id: str) -> Path:
+    """The workspace directory of one project under ``root``, created if missing.
+
+    The id becomes a single directory name, so it must be a plain identifier. The directory
+    is owned by the sandbox user and never a symbolic link.
+    """
+    if not isinstance(project_id, str) or not _PROJECT_ID.fullmatch(project_id):
+        raise PathRefused(str(project_id), "a project id is letters, digits, '_' and '-'")
+    root = Path(root).resolve(strict=True)
+    workspace = root / project_id
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(workspace, 0o755)
+    if workspace.is_symlink() or not workspace.is_dir():
+        raise PathRefused(str(workspace), "the workspace must be a real directory")
+    uid, gid = workspace_owner()
+    if os.geteuid() == 0:
+        os.chown(workspace, uid, gid, follow_symlinks=False)
+    return workspace
+
+
+@dataclass(frozen=True)
+class FileContent:
+    """The first bytes of a file, with the size and hash of the whole file."""
+
+    data: bytes
+    size: int
+    sha256: str
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """The size and hash of a file just written."""
+
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class DirectoryEntry:
+    """One name in a directory listing, described without following links."""
+
+    name: str
+    type: str  # "file", "dir", "symlink" or "other"
+    size: int
+
+
+class Workspace:
+    """File operations confined to one workspace directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        if self.root.is_symlink() or not self.root.is_dir():
+            raise PathRefused(str(root), "the workspace must be a real directory")
+
+    def read(self, path: str, *, max_bytes: int) -> FileContent:
+        """Up to ``max_bytes`` of the regular file at ``path``."""
+        *parents, name = _components_of_file(path)
+        with self._directory(path, parents) as dir_fd:
+            fd = self._open_leaf(path, name, dir_fd, os.O_RDONLY | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as file:
+                _require_regular(path, os.fstat(file.fileno()))
+                digest = hashlib.sha256()
+                data = file.read(max_bytes)
+                digest.update(data)
+                size = len(data)
+                while chunk := file.read(_HASH_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+        return FileContent(
+            data=data, size=size, sha256=digest.hexdigest(), truncated=size > len(data)
+        )
+
+    def write(self, path: str, data: bytes) -> FileDigest:
+        """Create or atomically replace the regular file at ``path``; parents are created.
+
+        The new content goes to a temporary file in the same directory and is renamed over
+        the target, so a reader sees the old file or the new one, never half of it.
+        """
+        *parents, name = _components_of_file(path)
+        with self._directory(path, parents, create=True) as dir_fd:
+            existing = _lstat_at(name, dir_fd)
+            if existing is not None and stat.S_ISLNK(existing.st_mode):
+                raise PathRefused(path, "is a symbolic link; links are never followed")
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                raise WrongFileType(path, "exists and is not a regular file")
+            temp_name = _TEMP_PREFIX + secrets.token_hex(8)
+            fd = os.open(
+                temp_name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=dir_fd,
+            )
+            try:
+                with os.fdopen(fd, "wb") as file:
+                    file.write(data)
+                    file.flush()
+                    _give_to_sandbox_user(file.fileno())
+                    os.fsync(file.fileno())
+                os.replace(temp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp_name, dir_fd=dir_fd)
+                raise
+        return FileDigest(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def list(self, path: str, *, max_entries: int) -> tuple[list[DirectoryEntry], bool]:
+        """The entries of the directory at ``path`` sorted by name, and whether cut short."""
+        parts = split_relative_path(path)
+        with self._directory(path, parts) as dir_fd:
+            names = sorted(os.listdir(dir_fd))
+            entries = []
+            for name in names[:max_entries]:
+                info = _lstat_at(name, dir_fd)
+                if info is not None:
+                    entries.append(DirectoryEntry(name, _file_type(info.st_mode), info.st_size))
+        return entries, len(names) > max_entries
+
+    def delete(self, path: str) -> str:
+        """Remove the file, symbolic link (not its target) or empty directory at ``path``."""
+        *parents, name = _components_of_file(path)
+        with self._directory(path, parents) as dir_fd:
+            info = _lstat_at(name, dir_fd)
+            if info is None:
+                raise PathNotFound(path, "does not exist")
+            kind = _file_type(info.st_mode)
+            try:
+                if kind == "dir":
+                    os.rmdir(name, dir_fd=dir_fd)
+                else:
+                    os.unlink(name, dir_fd=dir_fd)
+            except OSError as error:
+                raise WrongFileType(path, f"cannot be deleted: {error.strerror}") from None
+        return kind
+
+    def check_directory(self, path: str) -> None:
+        """Confirm ``path`` is a directory reached without links (a command's cwd)."""
+        with self._directory(path, split_relative_path(path)):
+            pass
+
+    @contextlib.contextmanager
+    def _directory(
+        self, path: str, parts: list[str] | tuple[str, ...], *, create: bool = False
+    ) -> Iterator[int]:
+        """A descriptor for the directory ``parts`` below the root, walked link-free."""
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for index, part in enumerate(parts):
+                walked = "/".join(parts[: index + 1])
+                if create and _lstat_at(part, fd) is None:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        if os.geteuid() == 0:
+                            uid, gid = workspace_owner()
+                            os.chown(part, uid, gid, dir_fd=fd, follow_symlinks=False)
+                next_fd = _open_directory_at(walked, part, fd)
+                os.close(fd)
+                fd = next_fd
+            yield fd
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _open_leaf(path: str, name: str, dir_fd: int, flags: int) -> int:
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise PathNotFound(path, "does not exist") from None
+        except OSError as error:
+            _raise_for_link(path, name, dir_fd)
+            raise WrongFileType(path, error.strerror or "cannot be opened") from None
+
+
+def _components_of_file(path: str) -> tuple[str, ...]:
+    parts = split_relative_path(path)
+    if not parts:
+        raise WrongFileType(path, "is the workspace directory itself, not a file")
+    return parts
+
+
+def _open_directory_at(walked: str, name: str, dir_fd: int) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise PathNotFound(walked, "does not exist") from None
+    except OSError as error:
+        # O_NOFOLLOW | O_DIRECTORY on a link fails with ELOOP or ENOTDIR depending on the
+        # kernel; look at the entry itself to say which it was.
+        _raise_for_link(walked, name, dir_fd)
+        raise WrongFileType(walked, f"is not a directory ({error.strerror})") from None
+
+
+def _raise_for_link(path: str, name: str, dir_fd: int) -> None:
+    info = _lstat_at(name, dir_fd)
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise PathRefused(path, "is a symbolic link; links are never followed")
+
+
+def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _require_regular(path: str, info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise WrongFileType(path, f"is a {_file_type(info.st_mode)}, not a regular file")
+
+
+def _file_type(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _give_to_sandbox_user(fd: int) -> None:
+    if os.geteuid() == 0:
+        uid, gid = workspace_owner()
+        os.fchown(fd, uid, gid)
