@@ -29,6 +29,10 @@ class Request:
     adapter: str | None = None
     operation: str | None = None
     model: str | None = None
+    # mcp.call: the server's configuration marks this tool dangerous, so the policy must opt
+    # in to it by name (SPEC POL-8). Set by the registry from server configuration, never
+    # from model or tool output.
+    mcp_dangerous: bool = False
     # Resource limits the caller asks for (timeout_s, memory_mb, ...); each must stay at or
     # under the policy's ceiling.
     limits: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
