@@ -1,0 +1,95 @@
+"""People and the API tokens that act for them or for an integration."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser, BaseUserManager, PermissionsMixin
+from django.db import models
+from django.utils import timezone
+
+from kestrel_one.common.ids import PublicIdField
+
+
+class UserManager(BaseUserManager):
+    use_in_migrations = True
+
+    def create_user(self, email: str, password: str | None = None, **fields):
+        if not email:
+            raise ValueError("a user needs an email address")
+        user = self.model(email=self.normalize_email(email).lower(), **fields)
+        if password:
+            user.set_password(password)
+        else:
+            user.set_unusable_password()
+        user.save(using=self._db)
+        return user
+
+    def create_superuser(self, email: str, password: str | None = None, **fields):
+        fields.update(is_staff=True, is_superuser=True)
+        return self.create_user(email, password, **fields)
+
+
+class User(AbstractBaseUser, PermissionsMixin):
+    """A person who signs in with an email address; organization roles live on Membership."""
+
+    public_id = PublicIdField("usr")
+    email = models.EmailField(unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    is_active = models.BooleanField(default=True)
+    is_staff = models.BooleanField(default=False, help_text="Can sign in to the operator admin.")
+    date_joined = models.DateTimeField(default=timezone.now)
+
+    objects = UserManager()
+
+    USERNAME_FIELD = "email"
+    EMAIL_FIELD = "email"
+    REQUIRED_FIELDS: list[str] = []
+
+    def __str__(self) -> str:
+        return self.email
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def active(self, now=None):
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True, expires_at__gt=now)
+
+
+class ApiToken(models.Model):
+    """A hashed API credential of one organization, for a person or for an integration."""
+
+    public_id = PublicIdField("tok")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="tokens"
+    )
+    # Null for an integration token, which acts with exactly its scopes and is never a person.
+    user = models.ForeignKey(
+        User, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens"
+    )
+    created_by = models.ForeignKey(
+        User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    name = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "public_id"])]
+
+    @property
+    def is_integration(self) -> bool:
+        return self.user_id is None
+
+    @property
+    def display_prefix(self) -> str:
+        """The non-secret start of the token, enough for a person to recognise it."""
+        return f"kst_{self.key_id}"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.display_prefix}…)"

@@ -1,0 +1,97 @@
+"""Who is making a request, and what they may do in a given organization.
+
+Authority comes only from here: an authenticated token (and the person behind it, if any) or,
+in single-host mode, the local owner on loopback. Headers, query parameters and client
+labels never add to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kestrel_one.accounts.scopes import ROLE_SCOPES, SCOPES, Role
+
+
+class PrincipalKind(StrEnum):
+    TOKEN = "token"
+    # Single-host only: the local owner, reached by loopback without a token or with the
+    # configured server token. ``anonymous`` tells the two apart.
+    LOCAL_OWNER = "local_owner"
+    # A browser session (console); never accepted by the REST API.
+    SESSION = "session"
+    # An operator's management command on the server itself (bootstrap, sweeps).
+    SYSTEM = "system"
+
+
+@dataclass(eq=False)
+class Principal:
+    """The authenticated caller of one request."""
+
+    kind: PrincipalKind
+    user: object | None = None
+    token: object | None = None
+    anonymous: bool = False
+    system_name: str = ""
+    _memberships: dict[int, object | None] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_person(self) -> bool:
+        return self.user is not None
+
+    @property
+    def actor_id(self) -> str:
+        """The public identity recorded in audit rows."""
+        if self.kind == PrincipalKind.SYSTEM:
+            return f"system:{self.system_name}"
+        if self.token is not None:
+            return self.token.public_id
+        if self.user is not None:
+            return self.user.public_id
+        return "anonymous"
+
+    @property
+    def actor_type(self) -> str:
+        if self.kind == PrincipalKind.SYSTEM:
+            return "system"
+        if self.token is not None:
+            return "token"
+        return "user" if self.user is not None else "anonymous"
+
+    def membership_in(self, organization):
+        """The person's membership in the organization (None for integration tokens)."""
+        if self.user is None:
+            return None
+        if organization.pk not in self._memberships:
+            from kestrel_one.tenancy.models import Membership
+
+            self._memberships[organization.pk] = (
+                Membership.objects.filter(organization=organization, user=self.user)
+                .select_related("user")
+                .first()
+            )
+        return self._memberships[organization.pk]
+
+    def role_in(self, organization) -> Role | None:
+        membership = self.membership_in(organization)
+        return Role(membership.role) if membership else None
+
+    def scopes_in(self, organization) -> frozenset[str]:
+        """Effective scopes: role ∩ token for a person, exactly the token's for an integration."""
+        if self.kind == PrincipalKind.SYSTEM:
+            return frozenset(SCOPES)
+        if self.token is not None and self.token.organization_id != organization.pk:
+            return frozenset()
+        token_scopes = frozenset(self.token.scopes) if self.token is not None else None
+        if self.user is None:
+            return token_scopes or frozenset()
+        role = self.role_in(organization)
+        if role is None:
+            return frozenset()
+        role_scopes = ROLE_SCOPES[role]
+        return role_scopes & token_scopes if token_scopes is not None else role_scopes
+
+
+def system_principal(name: str) -> Principal:
+    """The actor recorded for a management command run by an operator on the server."""
+    return Principal(PrincipalKind.SYSTEM, system_name=name)

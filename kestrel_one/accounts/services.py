@@ -1,0 +1,137 @@
+"""Writes for people and API tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from kestrel_one.accounts import tokens
+from kestrel_one.accounts.models import ApiToken, User
+from kestrel_one.accounts.principal import Principal
+from kestrel_one.accounts.scopes import unknown_scopes
+from kestrel_one.audit.services import audit_record
+from kestrel_one.common.errors import PermissionDenied, ValidationFailed
+
+# last_used_at is advisory; writing it at most this often keeps authentication read-only
+# on the hot path.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def user_get_or_create(*, email: str, name: str = "") -> tuple[User, bool]:
+    email = User.objects.normalize_email(email).lower()
+    user = User.objects.filter(email=email).first()
+    if user is not None:
+        return user, False
+    return User.objects.create_user(email=email, name=name), True
+
+
+@transaction.atomic
+def token_create(
+    *,
+    actor: Principal,
+    organization,
+    name: str,
+    scopes: list[str],
+    integration: bool = False,
+    expires_at: datetime | None = None,
+    user: User | None = None,
+) -> tuple[ApiToken, str]:
+    """Create a token and return it with its plaintext, which is never stored or shown again.
+
+    A token can never hold a scope its creator lacks in the organization. ``user`` is only
+    for trusted callers (the bootstrap command); API callers get a token for themselves or,
+    with ``integration``, for no person.
+    """
+    bad = unknown_scopes(scopes)
+    if bad:
+        raise ValidationFailed(
+            f"Unknown scope(s): {', '.join(bad)}.", details={"scopes": [f"unknown: {s}" for s in bad]}
+        )
+    if not scopes:
+        raise ValidationFailed("A token needs at least one scope.", details={"scopes": ["empty"]})
+    held = actor.scopes_in(organization)
+    exceeding = sorted(set(scopes) - held) if actor.token is not None or actor.user else []
+    if exceeding:
+        raise PermissionDenied(
+            f"You cannot grant scope(s) you do not hold: {', '.join(exceeding)}."
+        )
+    if integration and "org:admin" not in held:
+        raise PermissionDenied("Only an organization admin can create integration tokens.")
+    if integration and "actions:approve" in scopes:
+        raise ValidationFailed(
+            "Integration tokens cannot approve: approvals are made by people.",
+            details={"scopes": ["actions:approve needs a person"]},
+        )
+    now = timezone.now()
+    max_expiry = now + settings.KESTREL_TOKEN_MAX_TTL
+    if expires_at is None:
+        expires_at = now + settings.KESTREL_TOKEN_DEFAULT_TTL
+    if expires_at <= now or expires_at > max_expiry:
+        raise ValidationFailed(
+            f"expires_at must be in the future and at most {settings.KESTREL_TOKEN_MAX_TTL.days} days away.",
+            details={"expires_at": ["out of range"]},
+        )
+    owner = None if integration else (user or actor.user)
+    if owner is None and not integration:
+        raise ValidationFailed(
+            "This caller is not a person; ask for an integration token instead.",
+            details={"integration": ["required for a caller that is not a person"]},
+        )
+    plaintext, key_id, secret_hash = tokens.generate()
+    token = ApiToken.objects.create(
+        organization=organization,
+        user=owner,
+        created_by=actor.user,
+        name=name,
+        key_id=key_id,
+        secret_hash=secret_hash,
+        scopes=sorted(set(scopes)),
+        expires_at=expires_at,
+    )
+    audit_record(
+        organization=organization,
+        actor=actor,
+        action="token.create",
+        target=token,
+        data={"name": name, "scopes": token.scopes, "integration": integration,
+              "expires_at": expires_at.isoformat()},
+    )
+    return token, plaintext
+
+
+@transaction.atomic
+def token_revoke(*, actor: Principal, token: ApiToken) -> ApiToken:
+    updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    token.refresh_from_db()
+    if updated:
+        audit_record(
+            organization=token.organization, actor=actor, action="token.revoke", target=token
+        )
+    return token
+
+
+def token_authenticate(plaintext: str) -> ApiToken | None:
+    """The active token this plaintext proves, or None. Constant-time on the secret."""
+    key_id = tokens.parse_key_id(plaintext)
+    if key_id is None:
+        return None
+    token = (
+        ApiToken.objects.active()
+        .select_related("organization", "user")
+        .filter(key_id=key_id)
+        .first()
+    )
+    if token is None or not tokens.matches(plaintext, token.secret_hash):
+        return None
+    if token.user is not None and not token.user.is_active:
+        return None
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token

@@ -1,0 +1,98 @@
+"""REST API authentication: tokens only, plus the single-host loopback rule.
+
+Session cookies are deliberately not accepted here (a browser session is not an API bearer
+token), so CSRF on the API cannot arise. A request that presents a token which does not
+verify gets 401 and never falls back to the anonymous loopback rule.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from django.conf import settings
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+
+from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.accounts.services import token_authenticate
+
+TOKEN_HEADER = "HTTP_X_KESTREL_TOKEN"
+
+
+def presented_token(request) -> str | None:
+    """The token the request carries, from either header; '' when a header is present but empty."""
+    authorization = request.META.get("HTTP_AUTHORIZATION")
+    if authorization is not None:
+        scheme, _, credentials = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer TOKEN'.")
+        return credentials.strip()
+    header = request.META.get(TOKEN_HEADER)
+    if header is not None:
+        return header.strip()
+    return None
+
+
+def is_loopback(address: str | None) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback. Only REMOTE_ADDR counts."""
+    if not address:
+        return False
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def local_owner():
+    """The owner that single-host mode acts as; created by ``serve`` on an empty database."""
+    from kestrel_one.tenancy.models import Membership
+
+    membership = (
+        Membership.objects.filter(role="owner", user__is_active=True)
+        .select_related("user")
+        .order_by("created_at")
+        .first()
+    )
+    return membership.user if membership else None
+
+
+class KestrelTokenAuthentication(BaseAuthentication):
+    def authenticate(self, request):
+        token_value = presented_token(request)
+        if token_value is not None:
+            return self._authenticate_token(token_value)
+        if settings.SINGLE_HOST and not settings.KESTREL_SERVER_TOKEN:
+            if is_loopback(request.META.get("REMOTE_ADDR")):
+                owner = local_owner()
+                if owner is None:
+                    raise exceptions.AuthenticationFailed(
+                        "No local owner exists yet; run 'python manage.py bootstrap'."
+                    )
+                return owner, Principal(PrincipalKind.LOCAL_OWNER, user=owner, anonymous=True)
+        return None
+
+    def _authenticate_token(self, value: str):
+        if not value:
+            raise exceptions.AuthenticationFailed("The token is empty.")
+        server_token = settings.KESTREL_SERVER_TOKEN
+        if settings.SINGLE_HOST and server_token and hmac.compare_digest(
+            value.encode(), server_token.encode()
+        ):
+            owner = local_owner()
+            if owner is None:
+                raise exceptions.AuthenticationFailed(
+                    "No local owner exists yet; run 'python manage.py bootstrap'."
+                )
+            return owner, Principal(PrincipalKind.LOCAL_OWNER, user=owner, anonymous=False)
+        token = token_authenticate(value)
+        if token is None:
+            raise exceptions.AuthenticationFailed("The token is invalid, expired or revoked.")
+        return token.user, Principal(PrincipalKind.TOKEN, user=token.user, token=token)
+
+    def authenticate_header(self, request) -> str:
+        # Makes DRF answer 401 (not 403) to unauthenticated requests.
+        return 'Bearer realm="kestrel"'

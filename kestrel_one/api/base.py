@@ -1,0 +1,100 @@
+"""The one base viewset that every organization-scoped endpoint uses.
+
+The organization comes from the URL and is resolved *through* the principal: an organization
+the caller cannot address is the same 404 as one that does not exist. Then the method's scope
+is checked (403 only for members who lack it). Querysets are always filtered by the resolved
+organization after any subclass restriction, so a subclass can narrow what is visible but can
+never widen it. Overriding the methods that enforce this is refused when the class is created.
+"""
+
+from __future__ import annotations
+
+from rest_framework import exceptions, viewsets
+from rest_framework.exceptions import NotFound
+
+from kestrel_one.common.errors import PermissionDenied
+from kestrel_one.tenancy.models import Organization, Project
+
+
+class OrgScopedViewSet(viewsets.GenericViewSet):
+    # HTTP method -> the scope the caller must hold in the organization. A method with no
+    # entry is refused, never allowed by default.
+    scope_map: dict[str, str] = {}
+    # The lookup from the model to its Organization.
+    organization_field = "organization"
+    lookup_field = "public_id"
+
+    protected_methods = ("initial", "get_queryset", "get_object", "check_permissions")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        protected = {
+            name for base in cls.__mro__[1:] for name in base.__dict__.get("protected_methods", ())
+        }
+        overridden = sorted(name for name in protected if name in cls.__dict__)
+        if overridden:
+            raise TypeError(
+                f"{cls.__name__} overrides {', '.join(overridden)}, which enforce tenancy; "
+                "narrow visibility with restrict() instead"
+            )
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)  # authentication (401) and IsPrincipal
+        principal = request.auth
+        organization = (
+            Organization.objects.visible_to(principal).filter(slug=kwargs.get("org")).first()
+        )
+        if organization is None:
+            raise NotFound()
+        self.organization = organization
+        method = "GET" if request.method in {"HEAD", "OPTIONS"} else request.method
+        required = self.scope_map.get(method)
+        if required is None:
+            raise exceptions.MethodNotAllowed(request.method)
+        if required not in principal.scopes_in(organization):
+            raise PermissionDenied(
+                f"This needs the '{required}' scope, which your role or token does not hold "
+                "in this organization."
+            )
+        self.resolve_parents(**kwargs)
+
+    def resolve_parents(self, **kwargs) -> None:
+        """Resolve parent objects named in the URL, always through ``self.organization``."""
+
+    def restrict(self, queryset):
+        """Narrow what the principal may see inside the organization (never widen)."""
+        return queryset
+
+    def get_queryset(self):
+        queryset = self.restrict(self.queryset.model.objects.all())
+        return queryset.filter(**{self.organization_field: self.organization})
+
+    def get_object(self):
+        queryset = self.filter_queryset(self.get_queryset())
+        lookup = self.kwargs.get(self.lookup_url_kwarg or self.lookup_field)
+        obj = queryset.filter(**{self.lookup_field: lookup}).first()
+        if obj is None:
+            raise NotFound()
+        self.check_object_permissions(self.request, obj)
+        return obj
+
+    @property
+    def principal(self):
+        return self.request.auth
+
+
+class ProjectScopedViewSet(OrgScopedViewSet):
+    """For routes under ``/projects/{prj}/``: the project must be visible to the principal."""
+
+    protected_methods = ("resolve_parents",)
+
+    def resolve_parents(self, **kwargs) -> None:
+        project = (
+            Project.objects.visible_to(self.principal, self.organization)
+            .select_related("environment")
+            .filter(public_id=kwargs.get("prj"))
+            .first()
+        )
+        if project is None:
+            raise NotFound()
+        self.project = project

@@ -1,0 +1,38 @@
+"""The REST API's routes. Every route under ``orgs/<org>/`` uses an OrgScopedViewSet."""
+
+from django.urls import path
+
+from kestrel_one.accounts.api import TokenViewSet
+from kestrel_one.api.views import DocsView, HealthView, SchemaView
+from kestrel_one.tenancy.api import (
+    EnvironmentViewSet,
+    MembershipViewSet,
+    OrganizationListViewSet,
+    OrganizationViewSet,
+    ProjectViewSet,
+)
+
+LIST = {"get": "list", "post": "create"}
+DETAIL = {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
+
+ORG = "orgs/<slug:org>"
+
+urlpatterns = [
+    path("health", HealthView.as_view(), name="health"),
+    path("schema", SchemaView.as_view(), name="schema"),
+    path("docs", DocsView.as_view(url_name="schema"), name="docs"),
+    path("orgs", OrganizationListViewSet.as_view({"get": "list"}), name="org-list"),
+    path(ORG, OrganizationViewSet.as_view({"get": "retrieve"}), name="org-detail"),
+    path(f"{ORG}/members", MembershipViewSet.as_view(LIST), name="member-list"),
+    path(f"{ORG}/members/<str:id>", MembershipViewSet.as_view(DETAIL), name="member-detail"),
+    path(f"{ORG}/tokens", TokenViewSet.as_view(LIST), name="token-list"),
+    path(
+        f"{ORG}/tokens/<str:id>",
+        TokenViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="token-detail",
+    ),
+    path(f"{ORG}/environments", EnvironmentViewSet.as_view(LIST), name="environment-list"),
+    path(f"{ORG}/environments/<str:env>", EnvironmentViewSet.as_view(DETAIL), name="environment-detail"),
+    path(f"{ORG}/projects", ProjectViewSet.as_view(LIST), name="project-list"),
+    path(f"{ORG}/projects/<str:prj>", ProjectViewSet.as_view(DETAIL), name="project-detail"),
+]

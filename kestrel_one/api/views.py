@@ -1,0 +1,54 @@
+"""Endpoints that belong to no tenant: health and the API schema."""
+
+from __future__ import annotations
+
+from django.db import connection
+from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework import serializers
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.api.authentication import KestrelTokenAuthentication
+from kestrel_one.api.permissions import AllowAny, IsPrincipal
+
+
+class HealthView(APIView):
+    """Liveness and database reachability; the only route anyone may call without a token."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses=inline_serializer("Health", {"status": serializers.CharField()}), auth=[]
+    )
+    def get(self, request):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return Response({"status": "ok"})
+
+
+class ConsoleSessionAuthentication(SessionAuthentication):
+    """For the schema and its docs page only: a signed-in browser may read the API's shape."""
+
+    def authenticate(self, request):
+        result = super().authenticate(request)
+        if result is None:
+            return None
+        user, _ = result
+        return user, Principal(PrincipalKind.SESSION, user=user)
+
+
+SCHEMA_AUTH = [KestrelTokenAuthentication, ConsoleSessionAuthentication]
+
+
+class SchemaView(SpectacularAPIView):
+    authentication_classes = SCHEMA_AUTH
+    permission_classes = [IsPrincipal]
+
+
+class DocsView(SpectacularSwaggerView):
+    authentication_classes = SCHEMA_AUTH
+    permission_classes = [IsPrincipal]

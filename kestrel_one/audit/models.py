@@ -1,0 +1,51 @@
+"""The per-organization audit log: append-only rows chained by hash."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from kestrel_one.common.ids import PublicIdField
+
+
+class AuditChain(models.Model):
+    """The head of one organization's audit chain; locking it serializes appends."""
+
+    organization = models.OneToOneField(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="audit_chain"
+    )
+    last_sequence = models.BigIntegerField(default=0)
+    last_hash = models.CharField(max_length=64, default="0" * 64)
+
+
+class AuditRecord(models.Model):
+    """One sensitive action: who did what to which object, with what outcome."""
+
+    public_id = PublicIdField("aud")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="audit_records"
+    )
+    sequence = models.BigIntegerField()
+    created_at = models.DateTimeField()
+    actor_type = models.CharField(max_length=16)
+    actor_id = models.CharField(max_length=64)
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=32, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    outcome = models.CharField(max_length=16, default="success")
+    data = models.JSONField(default=dict)
+    request_id = models.CharField(max_length=64, blank=True)
+    source_address = models.CharField(max_length=64, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "sequence"], name="audit_sequence_per_org"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["organization", "action"]),
+            models.Index(fields=["organization", "created_at"]),
+        ]
+        ordering = ["organization_id", "sequence"]

@@ -1,0 +1,35 @@
+"""Domain errors that services raise; the API renders each as a stable JSON error code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KestrelError(Exception):
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str, *, details: Any = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class ValidationFailed(KestrelError):
+    code = "invalid"
+    status = 400
+
+
+class PermissionDenied(KestrelError):
+    code = "permission_denied"
+    status = 403
+
+
+class NotFound(KestrelError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(KestrelError):
+    code = "conflict"
+    status = 409

@@ -1,0 +1,47 @@
+"""Prefixed public identifiers: what leaves the database instead of integer keys.
+
+A public id is a prefix naming the kind (``prj_``) and a ULID: 48 bits of milliseconds then
+80 random bits, in Crockford base32. Ids sort by creation time, which keeps cursor pagination
+stable without exposing row numbers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from functools import partial
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+PREFIXES = frozenset(
+    {"usr", "org", "mem", "env", "prj", "thr", "act", "apr", "rcp", "art", "tok", "run", "whk", "pol", "aud"}
+)
+
+
+def ulid() -> str:
+    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_public_id(prefix: str) -> str:
+    if prefix not in PREFIXES:
+        raise ValueError(f"unknown public id prefix {prefix!r}")
+    return f"{prefix}_{ulid()}"
+
+
+def public_id_factory(prefix: str):
+    """A model field default; ``partial`` keeps it importable by migrations."""
+    if prefix not in PREFIXES:
+        raise ValueError(f"unknown public id prefix {prefix!r}")
+    return partial(new_public_id, prefix)
+
+
+def PublicIdField(prefix: str):  # noqa: N802 - reads like a field class at the call site
+    from django.db import models
+
+    return models.CharField(
+        max_length=40, unique=True, editable=False, default=public_id_factory(prefix)
+    )

@@ -1,0 +1,272 @@
+"""Kestrel One settings: one module, driven by environment variables.
+
+Two shapes share this file. ``KESTREL_MODE=single-host`` (the default) keeps everything under
+``KESTREL_DATA_DIR`` with SQLite and listens on loopback. ``KESTREL_MODE=hosted`` requires its
+external services to be named explicitly and refuses to start otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+import structlog
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return default
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false, got {value!r}")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from exc
+
+
+def env_required(*names: str) -> dict[str, str]:
+    missing = [name for name in names if not os.environ.get(name)]
+    if missing:
+        raise ImproperlyConfigured(
+            f"KESTREL_MODE=hosted requires {', '.join(missing)} to be set in the environment"
+        )
+    return {name: os.environ[name] for name in names}
+
+
+KESTREL_MODE = env_str("KESTREL_MODE", "single-host")
+if KESTREL_MODE not in {"single-host", "hosted"}:
+    raise ImproperlyConfigured(f"KESTREL_MODE must be 'single-host' or 'hosted', got {KESTREL_MODE!r}")
+SINGLE_HOST = KESTREL_MODE == "single-host"
+HOSTED = not SINGLE_HOST
+
+KESTREL_DATA_DIR = Path(env_str("KESTREL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+# The single-host shared secret: when set, every API caller must present it (or an API token),
+# loopback included. Never logged, never shown.
+KESTREL_SERVER_TOKEN = env_str("KESTREL_SERVER_TOKEN")
+
+
+def _single_host_secret_key() -> str:
+    """Keep one generated key per data folder so sessions survive a restart."""
+    KESTREL_DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key_file = KESTREL_DATA_DIR / "secret_key"
+    if not key_file.exists():
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(64))
+    return key_file.read_text().strip()
+
+
+if HOSTED:
+    _hosted = env_required("DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "KESTREL_ALLOWED_HOSTS")
+    SECRET_KEY = _hosted["DJANGO_SECRET_KEY"]
+    DATABASES = {"default": dj_database_url.parse(_hosted["DATABASE_URL"], conn_max_age=60)}
+    REDIS_URL = _hosted["REDIS_URL"]
+    ALLOWED_HOSTS = [h.strip() for h in _hosted["KESTREL_ALLOWED_HOSTS"].split(",") if h.strip()]
+else:
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _single_host_secret_key()
+    DATABASES = {
+        "default": dj_database_url.parse(
+            env_str("DATABASE_URL", f"sqlite:///{KESTREL_DATA_DIR / 'kestrel.sqlite3'}")
+        )
+    }
+    REDIS_URL = env_str("REDIS_URL")
+    ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]", *filter(None, (env_str("KESTREL_ALLOWED_HOSTS") or "").split(","))]
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "guardian",
+    "kestrel_one.accounts",
+    "kestrel_one.tenancy",
+    "kestrel_one.audit",
+    "kestrel_one.api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "kestrel_one.api.middleware.RequestIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "kestrel_one.urls"
+WSGI_APPLICATION = "kestrel_one.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_USER_MODEL = "accounts.User"
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+GUARDIAN_RAISE_403 = False
+ANONYMOUS_USER_NAME = None  # guardian: no anonymous user row; anonymity never carries grants
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+# Static files are served from the installed apps (whitenoise finders); hosted deployments
+# may run collectstatic into KESTREL_STATIC_ROOT instead.
+STATIC_ROOT = env_str("KESTREL_STATIC_ROOT")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Browser sessions are short-lived, HttpOnly and never accepted by the REST API.
+SESSION_COOKIE_AGE = env_int("KESTREL_SESSION_SECONDS", 2 * 60 * 60)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+CSRF_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_HTTPONLY = True
+LOGIN_URL = "/login"
+LOGIN_REDIRECT_URL = "/"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+if HOSTED:
+    # TLS terminates at a trusted reverse proxy (docs/operations.md); it must set this header.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("KESTREL_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^api/v1/health$"]
+    SECURE_HSTS_SECONDS = env_int("KESTREL_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["kestrel_one.api.authentication.KestrelTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["kestrel_one.api.permissions.IsPrincipal"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "kestrel_one.api.pagination.PublicIdCursorPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "kestrel_one.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Kestrel One API",
+    "DESCRIPTION": "Governed effects for AI agents and integrations. Errors are "
+    '`{"error": {"code", "message", "details"}}`.',
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "APPEND_COMPONENTS": {
+        "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "kestrelToken": {"type": "apiKey", "in": "header", "name": "X-Kestrel-Token"},
+        }
+    },
+    "SECURITY": [{"bearer": []}, {"kestrelToken": []}],
+}
+
+# API tokens: how long a new token lives unless the caller asks for less.
+KESTREL_TOKEN_DEFAULT_TTL = timedelta(days=env_int("KESTREL_TOKEN_DEFAULT_DAYS", 90))
+KESTREL_TOKEN_MAX_TTL = timedelta(days=env_int("KESTREL_TOKEN_MAX_DAYS", 365))
+
+CELERY_BROKER_URL = REDIS_URL or f"sqla+sqlite:///{KESTREL_DATA_DIR / 'broker.sqlite3'}"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {
+            "()": structlog.stdlib.ProcessorFormatter,
+            "processors": [
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.JSONRenderer(),
+            ],
+            "foreign_pre_chain": [structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name],
+        }
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "root": {"handlers": ["console"], "level": env_str("KESTREL_LOG_LEVEL", "INFO")},
+}
+
+structlog.configure(
+    processors=[
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+    ],
+    logger_factory=structlog.stdlib.LoggerFactory(),
+    wrapper_class=structlog.stdlib.BoundLogger,
+    cache_logger_on_first_use=True,
+)

@@ -1,0 +1,23 @@
+"""Test settings: the real services (PostgreSQL, Redis) at 127.0.0.1 unless told otherwise."""
+
+import os
+
+os.environ.setdefault("KESTREL_DATA_DIR", "/tmp/kestrel-test-data")
+
+from kestrel_one.settings import *  # noqa: E402,F403
+from kestrel_one.settings import env_str  # noqa: E402
+
+DATABASES = {
+    "default": dj_database_url.parse(  # noqa: F405
+        env_str("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    )
+}
+REDIS_URL = env_str("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+CELERY_BROKER_URL = REDIS_URL
+# Argon2 is deliberately slow; tests create many users.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Requests from Django's test client come from 127.0.0.1; tests default to the hosted rule
+# (nothing anonymous) and opt into single-host behaviour explicitly.
+SINGLE_HOST = False
+HOSTED = True
+KESTREL_SERVER_TOKEN = None

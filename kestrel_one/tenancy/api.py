@@ -1,0 +1,277 @@
+"""HTTP endpoints for organizations, members, environments and projects."""
+
+from __future__ import annotations
+
+import django_filters
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.response import Response
+
+from kestrel_one.accounts.scopes import Role
+from kestrel_one.accounts.services import user_get_or_create
+from kestrel_one.api.base import OrgScopedViewSet
+from kestrel_one.api.serializers import StrictModelSerializer, StrictSerializer
+from kestrel_one.tenancy import services
+from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
+
+READ, ADMIN = "org:read", "org:admin"
+READ_ADMIN_MAP = {"GET": READ, "POST": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN}
+
+
+class OrganizationSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+    role = serializers.SerializerMethodField()
+    scopes = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Organization
+        fields = ["id", "slug", "name", "created_at", "role", "scopes"]
+
+    def get_role(self, organization) -> str | None:
+        return self.context["request"].auth.role_in(organization)
+
+    def get_scopes(self, organization) -> list[str]:
+        return sorted(self.context["request"].auth.scopes_in(organization))
+
+
+class OrganizationListViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The organizations this principal belongs to (a token: only its own)."""
+
+    serializer_class = OrganizationSerializer
+    pagination_class = None
+
+    def get_queryset(self):
+        return Organization.objects.visible_to(self.request.auth).order_by("slug")
+
+
+class OrganizationViewSet(OrgScopedViewSet):
+    scope_map = {"GET": READ}
+    serializer_class = OrganizationSerializer
+    queryset = Organization.objects.none()
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(self.get_serializer(self.organization).data)
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+    user = serializers.SerializerMethodField()
+    projects = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user", "role", "all_projects", "projects", "created_at"]
+
+    def get_user(self, membership) -> dict:
+        user = membership.user
+        return {"id": user.public_id, "email": user.email, "name": user.name}
+
+    def get_projects(self, membership) -> list[str] | None:
+        if membership.all_projects:
+            return None
+        return sorted(
+            Project.objects.filter(
+                organization=membership.organization_id,
+                user_permissions__user=membership.user_id,
+            ).values_list("public_id", flat=True).distinct()
+        )
+
+
+class ProjectIdsField(serializers.ListField):
+    child = serializers.CharField(max_length=40)
+
+
+class MemberCreateSerializer(StrictSerializer):
+    email = serializers.EmailField()
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    role = serializers.ChoiceField(choices=[r.value for r in Role])
+    projects = ProjectIdsField(required=False, allow_empty=True, max_length=500,
+                               help_text="Limit the member to these projects; omit for all.")
+
+
+class MemberUpdateSerializer(StrictSerializer):
+    role = serializers.ChoiceField(choices=[r.value for r in Role], required=False)
+    projects = ProjectIdsField(required=False, allow_null=True, max_length=500,
+                               help_text="A list limits the member to those projects; null grants all.")
+
+
+def resolve_projects(organization, ids: list[str]) -> list[Project]:
+    found = {p.public_id: p for p in Project.objects.for_org(organization).filter(public_id__in=ids)}
+    missing = [f"projects[{i}]" for i, pid in enumerate(ids) if pid not in found]
+    if missing:
+        raise serializers.ValidationError({name: ["Unknown project."] for name in missing})
+    return [found[pid] for pid in dict.fromkeys(ids)]
+
+
+class MembershipViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet
+):
+    scope_map = READ_ADMIN_MAP
+    queryset = Membership.objects.none()
+    serializer_class = MemberSerializer
+    lookup_url_kwarg = "id"
+    filterset_fields = {"role": ["exact"]}
+
+    def restrict(self, queryset):
+        return queryset.select_related("user")
+
+    @extend_schema(request=MemberCreateSerializer, responses={201: MemberSerializer})
+    def create(self, request, *args, **kwargs):
+        data = MemberCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        projects = None
+        if "projects" in values:
+            projects = resolve_projects(self.organization, values["projects"])
+        user, _ = user_get_or_create(email=values["email"], name=values.get("name", ""))
+        membership = services.membership_add(
+            actor=self.principal, organization=self.organization, user=user,
+            role=Role(values["role"]), projects=projects,
+        )
+        return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=MemberUpdateSerializer, responses={200: MemberSerializer})
+    def partial_update(self, request, *args, **kwargs):
+        membership = self.get_object()
+        data = MemberUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        # Absent: unchanged; null: every project; a list (even empty): exactly those.
+        limited_to = None
+        if values.get("projects") is not None:
+            limited_to = resolve_projects(self.organization, values["projects"])
+        membership = services.membership_update(
+            actor=self.principal, membership=membership,
+            role=Role(values["role"]) if "role" in values else None,
+            projects=limited_to,
+            all_projects="projects" in values and values["projects"] is None,
+        )
+        return Response(MemberSerializer(membership).data)
+
+    def destroy(self, request, *args, **kwargs):
+        services.membership_remove(actor=self.principal, membership=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class EnvironmentSerializer(StrictModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+
+    class Meta:
+        model = Environment
+        fields = ["id", "name", "description", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+        # Uniqueness per organization is checked by the service (it knows the organization).
+        validators: list = []
+
+
+class EnvironmentFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Environment
+        fields = ["name"]
+
+
+class EnvironmentViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet
+):
+    scope_map = READ_ADMIN_MAP
+    queryset = Environment.objects.none()
+    serializer_class = EnvironmentSerializer
+    lookup_url_kwarg = "env"
+    filterset_class = EnvironmentFilter
+
+    def create(self, request, *args, **kwargs):
+        data = EnvironmentSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        environment = services.environment_create(
+            actor=self.principal, organization=self.organization, **data.validated_data
+        )
+        return Response(EnvironmentSerializer(environment).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, *args, **kwargs):
+        environment = self.get_object()
+        data = EnvironmentSerializer(environment, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        environment = services.environment_update(
+            actor=self.principal, environment=environment, **data.validated_data
+        )
+        return Response(EnvironmentSerializer(environment).data)
+
+    def destroy(self, request, *args, **kwargs):
+        services.environment_delete(actor=self.principal, environment=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ProjectSerializer(StrictModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+    environment = serializers.SlugRelatedField(
+        slug_field="public_id", queryset=Environment.objects.none(),
+        help_text="The environment's id (env_...). Fixed once the project exists.",
+    )
+
+    class Meta:
+        model = Project
+        fields = ["id", "name", "description", "environment", "created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at"]
+        validators: list = []
+
+    def get_fields(self):
+        fields = super().get_fields()
+        view = self.context.get("view")
+        organization = getattr(view, "organization", None)
+        # Environments are looked up only inside the caller's organization: a foreign id is
+        # "does not exist", exactly like a missing one.
+        fields["environment"].queryset = (
+            Environment.objects.filter(organization=organization)
+            if organization is not None
+            else Environment.objects.none()
+        )
+        if self.instance is not None:
+            fields["environment"].read_only = True
+        return fields
+
+
+class ProjectFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    environment = django_filters.CharFilter(field_name="environment__public_id")
+
+    class Meta:
+        model = Project
+        fields = ["name", "environment"]
+
+
+class ProjectViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet
+):
+    scope_map = READ_ADMIN_MAP
+    queryset = Project.objects.none()
+    serializer_class = ProjectSerializer
+    lookup_url_kwarg = "prj"
+    filterset_class = ProjectFilter
+
+    def restrict(self, queryset):
+        return Project.objects.visible_to(self.principal, self.organization).select_related(
+            "environment"
+        )
+
+    def create(self, request, *args, **kwargs):
+        data = self.get_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        project = services.project_create(
+            actor=self.principal, organization=self.organization, **data.validated_data
+        )
+        return Response(self.get_serializer(project).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, *args, **kwargs):
+        project = self.get_object()
+        data = self.get_serializer(project, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        project = services.project_update(
+            actor=self.principal, project=project, **data.validated_data
+        )
+        return Response(self.get_serializer(project).data)
+
+    def destroy(self, request, *args, **kwargs):
+        services.project_delete(actor=self.principal, project=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,224 @@
+"""Writes for organizations, memberships, environments and projects.
+
+Each write records its audit row in the same transaction.
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+from guardian.shortcuts import assign_perm, remove_perm
+
+from kestrel_one.accounts.principal import Principal
+from kestrel_one.accounts.scopes import ROLE_RANK, Role
+from kestrel_one.audit.models import AuditChain
+from kestrel_one.audit.services import audit_record
+from kestrel_one.common.errors import Conflict, PermissionDenied, ValidationFailed
+from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
+
+PROJECT_PERMISSIONS = ("view_project",)
+
+
+@transaction.atomic
+def organization_create(*, actor: Principal, slug: str, name: str, owner) -> Organization:
+    if Organization.objects.filter(slug=slug).exists():
+        raise Conflict(f"An organization with slug '{slug}' already exists.")
+    organization = Organization(slug=slug, name=name or slug)
+    organization.full_clean()
+    organization.save()
+    AuditChain.objects.create(organization=organization)
+    Membership.objects.create(organization=organization, user=owner, role=Role.OWNER)
+    audit_record(
+        organization=organization, actor=actor, action="organization.create",
+        target=organization, data={"slug": slug, "owner": owner.public_id},
+    )
+    return organization
+
+
+def _check_can_grant(actor: Principal, organization, role: Role) -> None:
+    actor_role = actor.role_in(organization)
+    # Integration tokens with org:admin act as admins; nobody but an owner makes owners.
+    rank = ROLE_RANK[actor_role] if actor_role else ROLE_RANK[Role.ADMIN]
+    if ROLE_RANK[role] > rank or (role == Role.OWNER and actor_role != Role.OWNER):
+        raise PermissionDenied(f"Your role cannot grant the role '{role}'.")
+
+
+def _set_project_grants(membership: Membership, projects: list[Project] | None) -> None:
+    current = Project.objects.filter(
+        user_permissions__user=membership.user,
+        organization=membership.organization,
+    ).distinct()
+    for project in current:
+        for perm in PROJECT_PERMISSIONS:
+            remove_perm(f"tenancy.{perm}", membership.user, project)
+    for project in projects or []:
+        for perm in PROJECT_PERMISSIONS:
+            assign_perm(f"tenancy.{perm}", membership.user, project)
+
+
+@transaction.atomic
+def membership_add(
+    *, actor: Principal, organization, user, role: Role, projects: list[Project] | None = None
+) -> Membership:
+    _check_can_grant(actor, organization, role)
+    try:
+        with transaction.atomic():
+            membership = Membership.objects.create(
+                organization=organization, user=user, role=role,
+                all_projects=projects is None,
+            )
+    except IntegrityError:
+        raise Conflict(f"{user.email} is already a member of this organization.") from None
+    _set_project_grants(membership, projects)
+    audit_record(
+        organization=organization, actor=actor, action="membership.add", target=membership,
+        data={"user": user.public_id, "role": role,
+              "projects": [p.public_id for p in projects] if projects is not None else "all"},
+    )
+    return membership
+
+
+def _owners_left_after(membership: Membership) -> int:
+    return (
+        Membership.objects.filter(organization=membership.organization, role=Role.OWNER)
+        .exclude(pk=membership.pk)
+        .count()
+    )
+
+
+@transaction.atomic
+def membership_update(
+    *,
+    actor: Principal,
+    membership: Membership,
+    role: Role | None = None,
+    projects: list[Project] | None = None,
+    all_projects: bool = False,
+) -> Membership:
+    organization = membership.organization
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    changes: dict[str, object] = {}
+    if role is not None and role != membership.role:
+        _check_can_grant(actor, organization, role)
+        _check_can_grant(actor, organization, Role(membership.role))
+        if membership.role == Role.OWNER and _owners_left_after(membership) == 0:
+            raise Conflict("An organization must keep at least one owner.")
+        changes["role"] = {"from": membership.role, "to": role}
+        membership.role = role
+    if all_projects:
+        changes["projects"] = "all"
+        membership.all_projects = True
+        _set_project_grants(membership, [])
+    elif projects is not None:
+        changes["projects"] = [p.public_id for p in projects]
+        membership.all_projects = False
+        _set_project_grants(membership, projects)
+    membership.save()
+    audit_record(
+        organization=organization, actor=actor, action="membership.update", target=membership,
+        data=changes,
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: Principal, membership: Membership) -> None:
+    organization = membership.organization
+    _check_can_grant(actor, organization, Role(membership.role))
+    if membership.role == Role.OWNER and _owners_left_after(membership) == 0:
+        raise Conflict("An organization must keep at least one owner.")
+    _set_project_grants(membership, [])
+    # A removed person's tokens in this organization stop working with the membership.
+    membership.user.tokens.filter(organization=organization).delete()
+    audit_record(
+        organization=organization, actor=actor, action="membership.remove", target=membership,
+        data={"user": membership.user.public_id, "role": membership.role},
+    )
+    membership.delete()
+
+
+@transaction.atomic
+def environment_create(*, actor: Principal, organization, name: str, description: str = "") -> Environment:
+    if Environment.objects.filter(organization=organization, name=name).exists():
+        raise Conflict(f"An environment named '{name}' already exists.", details={"name": ["taken"]})
+    environment = Environment.objects.create(
+        organization=organization, name=name, description=description
+    )
+    audit_record(
+        organization=organization, actor=actor, action="environment.create", target=environment,
+        data={"name": name},
+    )
+    return environment
+
+
+@transaction.atomic
+def environment_update(*, actor: Principal, environment: Environment, **fields) -> Environment:
+    if "name" in fields and Environment.objects.filter(
+        organization=environment.organization, name=fields["name"]
+    ).exclude(pk=environment.pk).exists():
+        raise Conflict(f"An environment named '{fields['name']}' already exists.", details={"name": ["taken"]})
+    for key, value in fields.items():
+        setattr(environment, key, value)
+    environment.save()
+    audit_record(
+        organization=environment.organization, actor=actor, action="environment.update",
+        target=environment, data=fields,
+    )
+    return environment
+
+
+@transaction.atomic
+def environment_delete(*, actor: Principal, environment: Environment) -> None:
+    if environment.projects.exists():
+        raise Conflict(
+            "This environment still has projects; move or delete them first.",
+            details={"projects": [p.public_id for p in environment.projects.all()[:20]]},
+        )
+    audit_record(
+        organization=environment.organization, actor=actor, action="environment.delete",
+        target=environment, data={"name": environment.name},
+    )
+    environment.delete()
+
+
+@transaction.atomic
+def project_create(
+    *, actor: Principal, organization, environment: Environment, name: str, description: str = ""
+) -> Project:
+    if environment.organization_id != organization.pk:
+        # Callers resolve the environment through the organization; this is the last guard.
+        raise ValidationFailed("Unknown environment.", details={"environment": ["not found"]})
+    if Project.objects.filter(organization=organization, name=name).exists():
+        raise Conflict(f"A project named '{name}' already exists.", details={"name": ["taken"]})
+    project = Project.objects.create(
+        organization=organization, environment=environment, name=name, description=description
+    )
+    audit_record(
+        organization=organization, actor=actor, action="project.create", target=project,
+        data={"name": name, "environment": environment.public_id},
+    )
+    return project
+
+
+@transaction.atomic
+def project_update(*, actor: Principal, project: Project, **fields) -> Project:
+    if "name" in fields and Project.objects.filter(
+        organization=project.organization, name=fields["name"]
+    ).exclude(pk=project.pk).exists():
+        raise Conflict(f"A project named '{fields['name']}' already exists.", details={"name": ["taken"]})
+    for key, value in fields.items():
+        setattr(project, key, value)
+    project.save()
+    audit_record(
+        organization=project.organization, actor=actor, action="project.update", target=project,
+        data=fields,
+    )
+    return project
+
+
+@transaction.atomic
+def project_delete(*, actor: Principal, project: Project) -> None:
+    audit_record(
+        organization=project.organization, actor=actor, action="project.delete", target=project,
+        data={"name": project.name},
+    )
+    project.delete()

@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from kestrel_one.accounts import views as account_views
+
+urlpatterns = [
+    path("api/v1/", include(("kestrel_one.api.urls", "api"))),
+    path("login", account_views.LoginView.as_view(), name="login"),
+    path("logout", account_views.logout_view, name="logout"),
+    path("", account_views.home, name="home"),
+    path("admin/", admin.site.urls),
+]
+
+handler404 = "kestrel_one.api.errors.json_404"
+handler500 = "kestrel_one.api.errors.json_500"

@@ -1,0 +1,82 @@
+"""The route catalogue the cross-tenant walker uses.
+
+Every organization-scoped route in the URL resolver must appear here with how to fill its
+URL and a valid body for each write. A route added later without an entry fails the walker,
+so nobody has to remember to add a tenancy test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.urls import URLPattern, URLResolver, get_resolver
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    pattern: str
+    view_class: type
+    actions: dict[str, str]
+
+
+def org_scoped_routes() -> list[Route]:
+    routes: list[Route] = []
+
+    def walk(patterns, prefix: str, namespace: str) -> None:
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                ns = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
+                walk(entry.url_patterns, prefix + str(entry.pattern), ns)
+            elif isinstance(entry, URLPattern):
+                full = prefix + str(entry.pattern)
+                if "<slug:org>" in full:
+                    callback = entry.callback
+                    routes.append(
+                        Route(
+                            name=f"{namespace}{entry.name}",
+                            pattern=full,
+                            view_class=getattr(callback, "cls", None),
+                            actions=dict(getattr(callback, "actions", {}) or {}),
+                        )
+                    )
+
+    walk(get_resolver().url_patterns, "/", "")
+    return routes
+
+
+# URL kwarg fillers: world -> value, per route name (object ids differ per route).
+Filler = Callable[[object], str]
+
+KWARGS: dict[str, dict[str, Filler]] = {
+    "api:org-detail": {},
+    "api:member-list": {},
+    "api:member-detail": {"id": lambda w: w["member"].membership.public_id},
+    "api:token-list": {},
+    "api:token-detail": {"id": lambda w: w["viewer"].token.public_id},
+    "api:environment-list": {},
+    "api:environment-detail": {"env": lambda w: w.empty_environment.public_id},
+    "api:project-list": {},
+    "api:project-detail": {"prj": lambda w: w.project.public_id},
+}
+
+# A valid body for each write, so that a caller allowed to write would succeed.
+BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
+    ("api:member-list", "post"): lambda w: {"email": "new.person@example.com", "role": "viewer"},
+    ("api:member-detail", "patch"): lambda w: {"role": "viewer"},
+    ("api:token-list", "post"): lambda w: {"name": "ci", "scopes": ["org:read"]},
+    ("api:environment-list", "post"): lambda w: {"name": "staging"},
+    ("api:environment-detail", "patch"): lambda w: {"description": "changed"},
+    ("api:project-list", "post"): lambda w: {
+        "name": "new-project", "environment": w.environment.public_id
+    },
+    ("api:project-detail", "patch"): lambda w: {"description": "changed"},
+}
+
+# Routes whose writes are self-service: any member (viewers included) may act on their own
+# objects. Token creation is one: a viewer needs a read token to use the API at all.
+SELF_SERVICE = {("api:token-list", "post"), ("api:token-detail", "delete")}
+
+# Deleting these would leave nothing to probe afterwards in the same walk, so the walker
+# rolls every write back; it still asserts the allowed caller got a 2xx first.

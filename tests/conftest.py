@@ -1,0 +1,113 @@
+"""Shared fixtures: real PostgreSQL and Redis, and a world of actors in two organizations.
+
+Every endpoint is probed by an owner, an admin, a member, a viewer, a member limited to one
+project, and an outsider from another organization (healthchecks' alice/bob/charlie, widened).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+from django.conf import settings
+from guardian.shortcuts import assign_perm
+from rest_framework.test import APIClient
+
+from kestrel_one.accounts.models import ApiToken
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.scopes import ROLE_SCOPES, Role
+from kestrel_one.accounts.services import token_create
+from tests.factories import (
+    EnvironmentFactory,
+    MembershipFactory,
+    OrganizationFactory,
+    ProjectFactory,
+    UserFactory,
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _real_services_present():
+    """Fail, never skip, when the services the suite needs are missing."""
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"Redis at {settings.REDIS_URL} is required by the test suite: {exc}")
+
+
+@dataclass
+class Actor:
+    name: str
+    role: Role | None
+    user: object | None
+    token: ApiToken | None
+    plaintext: str | None
+    membership: object | None = None
+
+    def client(self) -> APIClient:
+        client = APIClient(REMOTE_ADDR="203.0.113.7")
+        if self.plaintext:
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.plaintext}")
+        return client
+
+
+@dataclass
+class World:
+    org: object
+    other_org: object
+    environment: object
+    project: object
+    other_project: object
+    foreign_environment: object
+    foreign_project: object
+    empty_environment: object
+    actors: dict[str, Actor] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Actor:
+        return self.actors[name]
+
+
+def make_person(organization, role: Role, *, name: str, projects=None) -> Actor:
+    user = UserFactory(email=f"{name}@{organization.slug}.example.com")
+    membership = MembershipFactory(
+        organization=organization, user=user, role=role, all_projects=projects is None
+    )
+    for project in projects or []:
+        assign_perm("tenancy.view_project", user, project)
+    token, plaintext = token_create(
+        actor=system_principal("tests"), organization=organization, name=f"{name} token",
+        scopes=sorted(ROLE_SCOPES[role]), user=user,
+    )
+    return Actor(name, role, user, token, plaintext, membership)
+
+
+@pytest.fixture
+def world(db) -> World:
+    org = OrganizationFactory(slug="acme", name="Acme Rockets")
+    other_org = OrganizationFactory(slug="globex", name="Globex Secret Labs")
+    environment = EnvironmentFactory(organization=org, name="production")
+    project = ProjectFactory(organization=org, environment=environment, name="launchpad")
+    other_project = ProjectFactory(organization=org, environment=environment, name="hangar")
+    foreign_environment = EnvironmentFactory(organization=other_org, name="globex-env")
+    foreign_project = ProjectFactory(
+        organization=other_org, environment=foreign_environment, name="globex-vault"
+    )
+    # An environment with no projects, which an admin is allowed to delete.
+    empty_environment = EnvironmentFactory(organization=org, name="scratch")
+    world = World(org, other_org, environment, project, other_project,
+                  foreign_environment, foreign_project, empty_environment)
+    for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER):
+        world.actors[role.value] = make_person(org, role, name=role.value)
+    world.actors["limited"] = make_person(
+        org, Role.MEMBER, name="limited", projects=[other_project]
+    )
+    world.actors["outsider"] = make_person(other_org, Role.OWNER, name="outsider")
+    world.actors["anonymous"] = Actor("anonymous", None, None, None, None)
+    return world
+
+
+@pytest.fixture
+def api():
+    return APIClient(REMOTE_ADDR="203.0.113.7")
