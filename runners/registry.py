@@ -21,10 +21,10 @@ import jsonschema.exceptions
 
 from policies.request import Request
 from runners.errors import InvalidArguments, UnknownTool
+from runners.sandbox.base import FIXED_ENV_NAMES
 from runners.workspace import PathRefused, split_relative_path
 
 __all__ = [
-    "ENV_RESERVED",
     "TOOLS",
     "InvalidArguments",
     "ToolSpec",
@@ -42,12 +42,6 @@ MAX_SCRIPT_CHARS = 64 * 1024
 MAX_CODE_CHARS = 64 * 1024
 MAX_ENV_ENTRIES = 64
 MAX_TIMEOUT_S = 3600
-
-# The runner sets these to describe the sandbox (the per-command TMPDIR, the workspace as
-# HOME, the image's PATH). An overlay may not replace them, so a tool result never depends
-# on a caller redefining where its temporary files or programs live. This is a contract,
-# not a security boundary: inside the sandbox a script may export anything it likes.
-ENV_RESERVED = frozenset({"HOME", "PATH", "TMPDIR"})
 
 _NO_NUL = "^[^\\x00]*$"
 
@@ -254,7 +248,10 @@ def validate_args(name: str, args: Any) -> dict[str, Any]:
             except PathRefused as refused:
                 raise InvalidArguments(f"args.{field}", refused.reason) from None
     for variable in sorted(args.get("env", {})):
-        if variable in ENV_RESERVED:
+        # The sandbox owns these (TMPDIR is the per-command tmpfs, HOME the workspace);
+        # refusing beats silently ignoring. A contract, not a boundary: a script may export
+        # anything it likes once it runs.
+        if variable in FIXED_ENV_NAMES:
             raise InvalidArguments(
                 f"args.env.{variable}", "is set by the sandbox and cannot be overridden"
             )

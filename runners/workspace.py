@@ -156,8 +156,12 @@ class Workspace:
         *parents, name = _components_of_file(path)
         with self._directory(path, parents) as dir_fd:
             fd = self._open_leaf(path, name, dir_fd, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                _require_regular(path, os.fstat(fd))
+            except WrongFileType:
+                os.close(fd)
+                raise
             with os.fdopen(fd, "rb") as file:
-                _require_regular(path, os.fstat(file.fileno()))
                 digest = hashlib.sha256()
                 data = file.read(max_bytes)
                 digest.update(data)

@@ -1,0 +1,259 @@
+"""The one interface every sandbox backend implements, and what runs through it.
+
+A backend takes an ``ExecSpec`` (argv, workspace, confined cwd, environment overlay,
+limits, labels) and returns an ``ExecResult``. There is deliberately no code path that runs
+a command outside a backend: a backend that is missing, fails its probe or cannot start a
+command raises, and the call fails closed (RUN-5).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from runners.errors import RunnerError
+from runners.workspace import Workspace, WorkspaceError, split_relative_path
+
+# Where the workspace and the per-command temporary directory appear inside every backend.
+SANDBOX_WORKSPACE = "/workspace"
+SANDBOX_TMP = "/tmp"  # noqa: S108 - a fresh, private tmpfs inside the sandbox
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# The sandbox owns these; an overlay cannot change them (see runners.registry).
+FIXED_ENV_NAMES = frozenset({"HOME", "PATH", "TMPDIR"})
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
+_LABEL_VALUE_MAX = 256
+
+
+class SandboxError(RunnerError):
+    """A command could not be run in a sandbox."""
+
+    code = "sandbox_error"
+
+
+class SandboxUnavailable(SandboxError):
+    """No backend can confine the command (none installed, or its probe failed)."""
+
+    code = "sandbox_unavailable"
+
+
+class SandboxStartFailed(SandboxError):
+    """The backend passed its probe but could not start this command; it is not retried."""
+
+    code = "sandbox_start_failed"
+
+
+@dataclass(frozen=True)
+class ExecLimits:
+    """Resource ceilings for one command. Docker enforces all of them; see each backend."""
+
+    timeout_s: float = 60.0
+    memory_mb: int = 512
+    cpus: float = 1.0
+    pids: int = 128
+    output_kb: int = 256
+    tmp_mb: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "memory_mb", "cpus", "pids", "output_kb", "tmp_mb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"limit {name} must be a positive number, got {value!r}")
+        if self.memory_mb < 8 or self.pids < 4:
+            raise ValueError("memory_mb must be at least 8 and pids at least 4")
+
+    def with_timeout(self, timeout_s: float | None) -> ExecLimits:
+        """These limits with the timeout lowered to ``timeout_s`` (never raised)."""
+        if timeout_s is None or timeout_s >= self.timeout_s:
+            return self
+        return dataclasses.replace(self, timeout_s=timeout_s)
+
+
+@dataclass(frozen=True)
+class ExecSpec:
+    """One command to run: what, where in the workspace, with which environment and limits.
+
+    ``env`` overlays the sandbox's environment; HOME, PATH and TMPDIR always keep the
+    sandbox's values. ``labels`` (call id, project, thread...) mark the run for operators.
+    """
+
+    argv: tuple[str, ...]
+    workspace: Path
+    cwd: str = "."
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    limits: ExecLimits = field(default_factory=ExecLimits)
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if not self.argv or not all(
+            isinstance(arg, str) and "\x00" not in arg for arg in self.argv
+        ):
+            raise ValueError("argv must be a non-empty sequence of strings without NUL")
+        if not self.argv[0]:
+            raise ValueError("argv[0] must name a program")
+        split_relative_path(self.cwd)
+        for name, value in self.env.items():
+            if not _ENV_NAME.fullmatch(name) or not isinstance(value, str) or "\x00" in value:
+                raise ValueError(f"invalid environment entry {name!r}")
+        for key, value in self.labels.items():
+            if not _LABEL_KEY.fullmatch(key) or len(str(value)) > _LABEL_VALUE_MAX:
+                raise ValueError(f"invalid label {key!r}")
+        object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "workspace", Path(self.workspace))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+    @property
+    def sandbox_cwd(self) -> str:
+        """The working directory as the command sees it."""
+        return SANDBOX_WORKSPACE if self.cwd == "." else f"{SANDBOX_WORKSPACE}/{self.cwd}"
+
+    def environment(self) -> dict[str, str]:
+        """The command's full environment: the overlay, then the sandbox's fixed names."""
+        return {
+            "LANG": "C.UTF-8",
+            **self.env,
+            "HOME": SANDBOX_WORKSPACE,
+            "PATH": SANDBOX_PATH,
+            "TMPDIR": SANDBOX_TMP,
+        }
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command ended and what it printed (each stream capped at ``output_kb``)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    truncated: bool
+    duration_ms: int
+    timed_out: bool
+    oom_killed: bool
+    sandbox: str
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What the probe saw: the workspace is writable and its surroundings are not."""
+
+    sandbox: str
+    workspace_writable: bool
+    sibling_writable: bool
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.workspace_writable and not self.sibling_writable
+
+
+class OutputBuffer:
+    """Keeps the first ``limit`` bytes of a stream and notes whether more was dropped.
+
+    The rest is still read (and discarded) so a chatty command never blocks on a full pipe.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.truncated = False
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.limit - self._size
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[: max(room, 0)]
+        if chunk:
+            self._chunks.append(chunk)
+            self._size += len(chunk)
+
+    def text(self) -> str:
+        return b"".join(self._chunks).decode("utf-8", errors="replace")
+
+
+# Run by the backend itself: write the token into the workspace, then try to create a
+# file beside the workspace (its parent, as the sandbox sees it). Exit 0 only when the
+# first write worked and the second did not.
+_PROBE_SCRIPT = """
+printf '%s' "$1" > "$2" || exit 10
+mkdir -p "$3" 2>/dev/null
+if printf x > "$3/marker" 2>/dev/null; then exit 11; fi
+exit 0
+"""
+_PROBE_LIMITS = ExecLimits(timeout_s=30, memory_mb=64, cpus=0.5, pids=16, output_kb=8, tmp_mb=1)
+
+
+class SandboxBackend(abc.ABC):
+    """A way to run one command confined to its workspace."""
+
+    name: str
+
+    @abc.abstractmethod
+    def run(self, spec: ExecSpec) -> ExecResult:
+        """Run ``spec`` to completion or timeout; raise ``SandboxStartFailed`` if it can't start."""
+
+    def probe(self, workspace: Path) -> ProbeResult:
+        """Check, through this backend, that a command can write in ``workspace`` only.
+
+        Both sides are checked on the host, not taken from the command's word: the marker
+        must appear in the workspace with the token, and nothing may appear in a sibling
+        directory that the runner makes world-writable for the occasion, so that only the
+        sandbox (not file permissions) can be what keeps the command out of it.
+        """
+        workspace = Path(workspace)
+        token = secrets.token_hex(16)
+        marker = f".kestrel-probe-{token}"
+        sibling = workspace.parent / marker
+        sibling.mkdir(mode=0o777)
+        os.chmod(sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
+        try:
+            spec = ExecSpec(
+                argv=("sh", "-c", _PROBE_SCRIPT, "probe", token, marker, f"../{marker}"),
+                workspace=workspace,
+                limits=_PROBE_LIMITS,
+                labels={"purpose": "probe"},
+            )
+            try:
+                result = self.run(spec)
+            except SandboxError as error:
+                return ProbeResult(self.name, False, False, f"probe command failed: {error}")
+            try:
+                written = Workspace(workspace).read(marker, max_bytes=64).data
+            except WorkspaceError:
+                written = b""
+            workspace_writable = written == token.encode()
+            sibling_writable = any(sibling.iterdir())
+            detail = (
+                f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
+                f"beside it {'WRITABLE' if sibling_writable else 'not writable'} "
+                f"(probe exit {result.exit_code}: {result.stderr.strip()[:200]})"
+            )
+            return ProbeResult(self.name, workspace_writable, sibling_writable, detail)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(workspace / marker)
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def run_confined(backend: SandboxBackend, spec: ExecSpec) -> ExecResult:
+    """Probe ``backend`` on the spec's workspace, then run the spec in it.
+
+    A failed probe raises ``SandboxUnavailable``. ``SandboxStartFailed`` from the run is
+    passed on untouched: nothing here, or anywhere, runs the command another way.
+    """
+    probe = backend.probe(spec.workspace)
+    if not probe.ok:
+        raise SandboxUnavailable(f"{backend.name} sandbox failed its probe: {probe.detail}")
+    return backend.run(spec)
