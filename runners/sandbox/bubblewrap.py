@@ -85,6 +85,11 @@ class BubblewrapBackend(SandboxBackend):
             "--disable-userns",
             "--die-with-parent",
             "--new-session",
+            # The command itself is PID 1 of its namespace, a direct child of bwrap. With
+            # bwrap's own init in between, that init outlives bwrap as a zombie until the
+            # host's init reaps it, and zombies count against RLIMIT_NPROC. When the command
+            # ends, the kernel ends the namespace's other processes.
+            "--as-pid-1",
             "--cap-drop",
             "ALL",
         ]
@@ -124,8 +129,9 @@ class BubblewrapBackend(SandboxBackend):
         collector = _Collector(process, status_read, stdout, stderr)
         timed_out = not collector.collect(spec.limits.timeout_s)
         if timed_out:
-            # bwrap's own process group; the sandbox's init dies with it (--die-with-parent)
-            # and takes the whole PID namespace, background children included.
+            # bwrap's own process group. The command, PID 1 of its namespace, gets SIGKILL
+            # when bwrap dies (--die-with-parent) and takes the whole namespace with it,
+            # background children included.
             os.killpg(process.pid, signal.SIGKILL)
             collector.collect(_KILL_GRACE_S)
         returncode = process.wait(_KILL_GRACE_S)

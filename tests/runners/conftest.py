@@ -1,0 +1,90 @@
+"""Fixtures for the runner tests: real Docker and bubblewrap backends, real workspaces.
+
+Tests marked ``docker`` need a real engine and the tool image. They are never skipped: the
+fixture makes sure both exist (the scripts are idempotent and quick once done) and fails
+the test with the reason when it can't.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from runners.sandbox import BubblewrapBackend, DockerBackend, SandboxUnavailable
+from runners.sandbox.docker import MANAGED_LABEL
+from runners.workspace import workspace_for
+
+REPO = Path(__file__).resolve().parents[2]
+ENSURE_DOCKER = REPO / "deploy" / "scripts" / "ensure-docker.sh"
+BUILD_IMAGE = REPO / "deploy" / "images" / "tool-runtime" / "build.sh"
+
+
+def _run_setup_script(script: Path) -> str:
+    completed = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=900, check=False
+    )
+    if completed.returncode != 0:
+        pytest.fail(
+            f"Docker is required for this test and {script.name} failed "
+            f"(exit {completed.returncode}):\n{completed.stderr[-2000:]}",
+            pytrace=False,
+        )
+    return completed.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def docker_backend() -> DockerBackend:
+    """The Docker backend on the local engine, pinned to the tool image's id."""
+    _run_setup_script(ENSURE_DOCKER)
+    image_id = _run_setup_script(BUILD_IMAGE).splitlines()[-1]
+    try:
+        backend = DockerBackend.from_environment()
+    except SandboxUnavailable as error:
+        pytest.fail(f"Docker is required for this test: {error}", pytrace=False)
+    assert backend.image_id == image_id
+    return backend
+
+
+@pytest.fixture
+def docker_client(docker_backend: DockerBackend) -> Iterator[docker.DockerClient]:
+    """The engine's client; after the test, no Kestrel container may be left behind."""
+    yield docker_backend.client
+    leftovers = docker_backend.client.containers.list(
+        all=True, filters={"label": f"{MANAGED_LABEL}=true"}
+    )
+    assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"
+
+
+@pytest.fixture(scope="session")
+def bwrap_backend() -> BubblewrapBackend:
+    try:
+        return BubblewrapBackend.from_environment()
+    except SandboxUnavailable as error:
+        pytest.fail(f"bubblewrap is required for this test: {error}", pytrace=False)
+
+
+@pytest.fixture
+def workspace_root() -> Iterator[Path]:
+    """A directory of workspaces that the sandbox user can traverse (tmp_path is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="kestrel-workspaces-"))
+    os.chmod(root, 0o755)  # noqa: S103 - the sandbox user must be able to traverse it
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def workspace(workspace_root: Path) -> Path:
+    return workspace_for(workspace_root, "prj_test")
+
+
+@pytest.fixture
+def call_labels() -> dict[str, str]:
+    return {"call": f"call_{uuid.uuid4().hex}", "project": "prj_test", "thread": "thr_test"}

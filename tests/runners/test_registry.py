@@ -1,0 +1,144 @@
+"""The explicit tool registry: schemas, policy requests, unknown tools (EXT-1, RUN-2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.request import Request
+from runners import registry
+from runners.registry import TOOLS, InvalidArguments, UnknownTool, get_tool, validate_args
+from runners.tools import IMPLEMENTATIONS
+
+pytestmark = pytest.mark.spec("EXT-1", "RUN-2")
+
+
+def test_registry_holds_exactly_the_first_tool_set():
+    assert set(TOOLS) == {
+        "shell.exec",
+        "fs.read",
+        "fs.write",
+        "fs.list",
+        "fs.delete",
+        "code.python",
+    }
+
+
+def test_every_registered_tool_has_exactly_one_implementation():
+    assert set(IMPLEMENTATIONS) == set(TOOLS)
+
+
+def test_registry_cannot_be_extended_at_run_time():
+    with pytest.raises(TypeError):
+        TOOLS["net.fetch"] = TOOLS["fs.read"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("name", ["fs.exec", "", "FS.READ", "shell.exec ", None, 7])
+def test_unknown_tools_fail_closed(name):
+    with pytest.raises(UnknownTool):
+        get_tool(name)
+    with pytest.raises(UnknownTool):
+        validate_args(name, {"path": "a"})
+
+
+@pytest.mark.parametrize(
+    ("name", "idempotent"),
+    [
+        ("fs.read", True),
+        ("fs.list", True),
+        ("fs.write", True),
+        ("fs.delete", False),
+        ("shell.exec", False),
+        ("code.python", False),
+    ],
+)
+def test_idempotence_is_declared_per_tool(name, idempotent):
+    assert get_tool(name).idempotent is idempotent
+
+
+def test_every_schema_is_closed():
+    for spec in TOOLS.values():
+        assert spec.input_schema["additionalProperties"] is False, spec.name
+        assert spec.input_schema["$schema"].endswith("2020-12/schema")
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "request_"),
+    [
+        ("fs.read", {"path": "src/a.py"}, Request("fs.read", paths=("src/a.py",))),
+        ("fs.list", {"path": "."}, Request("fs.read", paths=(".",))),
+        ("fs.write", {"path": "out/b", "content": ""}, Request("fs.write", paths=("out/b",))),
+        ("fs.delete", {"path": "out/b"}, Request("fs.write", paths=("out/b",))),
+        (
+            "shell.exec",
+            {"argv": ["/usr/bin/git", "status"], "timeout_s": 30},
+            Request("shell.exec", command="git", limits={"timeout_s": 30.0}),
+        ),
+        ("shell.exec", {"script": "ls | wc -l"}, Request("shell.exec", command="sh")),
+        (
+            "code.python",
+            {"code": "print(1)", "timeout_s": 5},
+            Request("code.exec", limits={"timeout_s": 5.0}),
+        ),
+    ],
+)
+def test_capability_request_names_capability_and_resources(name, args, request_):
+    assert get_tool(name).capability_request(validate_args(name, args)) == request_
+
+
+def test_validate_args_returns_an_independent_copy():
+    original = {"argv": ["echo", "hi"], "env": {"A": "1"}}
+    canonical = validate_args("shell.exec", original)
+    canonical["argv"].append("more")
+    assert original == {"argv": ["echo", "hi"], "env": {"A": "1"}}
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "field"),
+    [
+        ("fs.read", {}, "args.path"),
+        ("fs.read", [], "args"),
+        ("fs.read", {"path": "a", "mode": "r"}, "args.mode"),
+        ("fs.read", {"path": 3}, "args.path"),
+        ("fs.read", {"path": ""}, "args.path"),
+        ("fs.read", {"path": "../etc/passwd"}, "args.path"),
+        ("fs.read", {"path": "/etc/passwd"}, "args.path"),
+        ("fs.read", {"path": "a\x00b"}, "args.path"),
+        ("fs.read", {"path": "a//b"}, "args.path"),
+        ("fs.write", {"path": "a"}, "args.content"),
+        ("fs.write", {"path": "a", "content": 5}, "args.content"),
+        (
+            "fs.write",
+            {"path": "a", "content": "x" * (registry.MAX_FILE_CONTENT_CHARS + 1)},
+            "args.content",
+        ),
+        ("shell.exec", {"argv": []}, "args.argv"),
+        ("shell.exec", {"argv": [""]}, "args.argv[0]"),
+        ("shell.exec", {"argv": ["echo", 1]}, "args.argv[1]"),
+        ("shell.exec", {"argv": ["echo", "a\x00"]}, "args.argv[1]"),
+        ("shell.exec", {"argv": ["x"] * (registry.MAX_ARGV_ITEMS + 1)}, "args.argv"),
+        ("shell.exec", {"argv": ["echo"], "script": "echo"}, "args"),
+        ("shell.exec", {"cwd": "src"}, "args"),
+        ("shell.exec", {"argv": ["ls"], "cwd": "../other"}, "args.cwd"),
+        ("shell.exec", {"argv": ["ls"], "env": {"A": 1}}, "args.env.A"),
+        ("shell.exec", {"argv": ["ls"], "env": {"PATH": "/tmp"}}, "args.env.PATH"),
+        ("shell.exec", {"argv": ["ls"], "env": {"TMPDIR": "/x"}}, "args.env.TMPDIR"),
+        ("shell.exec", {"argv": ["ls"], "timeout_s": 0}, "args.timeout_s"),
+        ("shell.exec", {"argv": ["ls"], "timeout_s": 1.5}, "args.timeout_s"),
+        ("shell.exec", {"argv": ["ls"], "timeout_s": True}, "args.timeout_s"),
+        ("shell.exec", {"argv": ["ls"], "timeout_s": registry.MAX_TIMEOUT_S + 1}, "args.timeout_s"),
+        ("code.python", {"code": ""}, "args.code"),
+        ("code.python", {"code": "1", "argv": ["x"]}, "args.argv"),
+    ],
+)
+def test_invalid_arguments_name_the_field(name, args, field):
+    with pytest.raises(InvalidArguments) as raised:
+        validate_args(name, args)
+    assert raised.value.field == field
+    assert str(raised.value).startswith(field)
+
+
+def test_invalid_environment_names_are_refused_with_a_clear_reason():
+    with pytest.raises(InvalidArguments) as raised:
+        validate_args("shell.exec", {"argv": ["env"], "env": {"1BAD": "x"}})
+    assert raised.value.field == "args.env"
+    assert "1BAD" in raised.value.reason
