@@ -223,13 +223,6 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "APPEND_COMPONENTS": {
-        "securitySchemes": {
-            "bearer": {"type": "http", "scheme": "bearer"},
-            "kestrelToken": {"type": "apiKey", "in": "header", "name": "X-Kestrel-Token"},
-        }
-    },
-    "SECURITY": [{"bearer": []}, {"kestrelToken": []}],
 }
 
 # API tokens: how long a new token lives unless the caller asks for less.

@@ -20,7 +20,7 @@ ORG = "orgs/<slug:org>"
 urlpatterns = [
     path("health", HealthView.as_view(), name="health"),
     path("schema", SchemaView.as_view(), name="schema"),
-    path("docs", DocsView.as_view(url_name="schema"), name="docs"),
+    path("docs", DocsView.as_view(url_name="api:schema"), name="docs"),
     path("orgs", OrganizationListViewSet.as_view({"get": "list"}), name="org-list"),
     path(ORG, OrganizationViewSet.as_view({"get": "retrieve"}), name="org-detail"),
     path(f"{ORG}/members", MembershipViewSet.as_view(LIST), name="member-list"),

@@ -118,8 +118,10 @@ class Project(models.Model):
     organization = models.ForeignKey(
         Organization, on_delete=models.CASCADE, related_name="projects"
     )
+    # RESTRICT: an environment cannot be deleted under its projects, yet deleting the
+    # organization removes both.
     environment = models.ForeignKey(
-        Environment, on_delete=models.PROTECT, related_name="projects"
+        Environment, on_delete=models.RESTRICT, related_name="projects"
     )
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True, max_length=2000)

@@ -38,7 +38,13 @@ def org_scoped_routes() -> list[Route]:
                             name=f"{namespace}{entry.name}",
                             pattern=full,
                             view_class=getattr(callback, "cls", None),
-                            actions=dict(getattr(callback, "actions", {}) or {}),
+                            # DRF adds HEAD beside GET once a view has served a request;
+                            # it runs the same handler, so the walker probes GET only.
+                            actions={
+                                method: action
+                                for method, action in (getattr(callback, "actions", {}) or {}).items()
+                                if method != "head"
+                            },
                         )
                     )
 

@@ -1,0 +1,177 @@
+"""The single-host loopback rule, against a real server process bound to a real port."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.spec("API-3")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def non_loopback_address() -> str:
+    """An address of this machine that is not loopback, to connect *from* a non-loopback source."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        # UDP connect sends nothing; it only picks the outgoing interface's address.
+        sock.connect(("192.0.2.1", 9))
+        address = sock.getsockname()[0]
+    assert not address.startswith("127."), "this machine has no non-loopback IPv4 address"
+    return address
+
+
+def single_host_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_", "DATABASE_URL", "REDIS_URL"))}
+    env.update(KESTREL_MODE="single-host", KESTREL_DATA_DIR=str(data_dir), **extra)
+    env["DJANGO_SETTINGS_MODULE"] = "kestrel_one.settings"
+    return env
+
+
+def manage(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )
+
+
+class Server:
+    def __init__(self, env, argv: list[str], port: int):
+        self.port = port
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def wait_ready(self, host: str = "127.0.0.1") -> None:
+        for _ in range(300):
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited: {self.process.stdout.read()}")
+            try:
+                requests.get(f"http://{host}:{self.port}/api/v1/health", timeout=1)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise AssertionError("server did not become ready")
+
+    def stop(self) -> str:
+        self.process.terminate()
+        try:
+            output, _ = self.process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            output, _ = self.process.communicate()
+        return output
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return tmp_path / "var"
+
+
+def test_serve_first_run_prints_sign_in_and_loopback_acts_as_owner(data_dir):
+    env = single_host_env(data_dir)
+    port = free_port()
+    server = Server(env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port)
+    try:
+        server.wait_ready()
+        base = f"http://127.0.0.1:{port}/api/v1"
+        anonymous = requests.get(f"{base}/orgs", timeout=10)
+        assert anonymous.status_code == 200
+        assert [o["slug"] for o in anonymous.json()] == ["local"]
+        assert anonymous.json()[0]["role"] == "owner"
+        bad = requests.get(f"{base}/orgs", headers={"Authorization": "Bearer wrong"}, timeout=10)
+        assert bad.status_code == 401, "an invalid token must never fall back to the loopback rule"
+    finally:
+        output = server.stop()
+    assert "API token: kst_" in output
+    assert "/login" in output
+    # A second start on the same data prints no new credentials.
+    port = free_port()
+    again = Server(env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port)
+    try:
+        again.wait_ready()
+    finally:
+        output = again.stop()
+    assert "API token" not in output
+
+
+def test_serve_refuses_non_loopback_bind_without_server_token(data_dir):
+    result = manage(single_host_env(data_dir), "serve", "--host", "0.0.0.0", "--port", str(free_port()))  # noqa: S104
+    assert result.returncode != 0
+    assert "KESTREL_SERVER_TOKEN" in result.stderr
+
+
+def test_non_loopback_request_without_token_is_rejected(data_dir):
+    """gunicorn bound to all interfaces (as a proxy-less misconfiguration would be): a request
+    arriving from a non-loopback source gets 401, while loopback is served."""
+    address = non_loopback_address()
+    # The host name must be allowed so that the request reaches authentication at all.
+    env = single_host_env(data_dir, KESTREL_ALLOWED_HOSTS=address)
+    assert manage(env, "migrate", "-v0").returncode == 0
+    assert manage(env, "bootstrap", "--org", "local", "--email", "owner@localhost").returncode == 0
+    port = free_port()
+    server = Server(
+        env,
+        [sys.executable, "-m", "gunicorn", "kestrel_one.wsgi:application", "-b", f"0.0.0.0:{port}",  # noqa: S104
+         "--workers", "1", "--forwarded-allow-ips", ""],
+        port,
+    )
+    try:
+        server.wait_ready()
+        loopback = requests.get(f"http://127.0.0.1:{port}/api/v1/orgs", timeout=10)
+        assert loopback.status_code == 200
+        remote = requests.get(
+            f"http://{address}:{port}/api/v1/orgs", timeout=10,
+            headers={"X-Forwarded-For": "127.0.0.1", "X-Real-IP": "127.0.0.1"},
+        )
+        assert remote.status_code == 401
+        assert remote.json()["error"]["code"] == "not_authenticated"
+    finally:
+        server.stop()
+
+
+def test_with_server_token_loopback_must_present_it(data_dir):
+    secret = "a-long-random-test-secret-value"  # noqa: S105
+    env = single_host_env(data_dir, KESTREL_SERVER_TOKEN=secret)
+    port = free_port()
+    server = Server(env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port)
+    try:
+        server.wait_ready()
+        base = f"http://127.0.0.1:{port}/api/v1"
+        assert requests.get(f"{base}/orgs", timeout=10).status_code == 401
+        ok = requests.get(f"{base}/orgs", headers={"X-Kestrel-Token": secret}, timeout=10)
+        assert ok.status_code == 200
+        wrong = requests.get(f"{base}/orgs", headers={"Authorization": "Bearer not-it"}, timeout=10)
+        assert wrong.status_code == 401
+        assert requests.get(f"{base}/health", timeout=10).json() == {"status": "ok"}
+    finally:
+        output = server.stop()
+    assert secret not in output
+
+
+def test_bootstrap_prints_one_line_of_json(data_dir):
+    env = single_host_env(data_dir)
+    assert manage(env, "migrate", "-v0").returncode == 0
+    first = manage(env, "bootstrap", "--org", "acme", "--email", "ada@example.com")
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.strip().splitlines()
+    assert len(lines) == 1
+    body = json.loads(lines[0])
+    assert body["org"] == "acme" and body["user"] == "ada@example.com"
+    assert body["token"].startswith("kst_")
+    second = json.loads(manage(env, "bootstrap", "--org", "acme", "--email", "ada@example.com").stdout)
+    assert second["token"] != body["token"], "each run prints a new token"
+    bad = manage(env, "bootstrap", "--org", "Not A Slug!", "--email", "ada@example.com")
+    assert bad.returncode != 0 and "--org" in bad.stderr
