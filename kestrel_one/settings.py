@@ -56,7 +56,9 @@ def env_required(*names: str) -> dict[str, str]:
 
 KESTREL_MODE = env_str("KESTREL_MODE", "single-host")
 if KESTREL_MODE not in {"single-host", "hosted"}:
-    raise ImproperlyConfigured(f"KESTREL_MODE must be 'single-host' or 'hosted', got {KESTREL_MODE!r}")
+    raise ImproperlyConfigured(
+        f"KESTREL_MODE must be 'single-host' or 'hosted', got {KESTREL_MODE!r}"
+    )
 SINGLE_HOST = KESTREL_MODE == "single-host"
 HOSTED = not SINGLE_HOST
 
@@ -78,7 +80,9 @@ def _single_host_secret_key() -> str:
 
 
 if HOSTED:
-    _hosted = env_required("DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "KESTREL_ALLOWED_HOSTS")
+    _hosted = env_required(
+        "DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "KESTREL_ALLOWED_HOSTS"
+    )
     SECRET_KEY = _hosted["DJANGO_SECRET_KEY"]
     DATABASES = {"default": dj_database_url.parse(_hosted["DATABASE_URL"], conn_max_age=60)}
     REDIS_URL = _hosted["REDIS_URL"]
@@ -91,7 +95,12 @@ else:
         )
     }
     REDIS_URL = env_str("REDIS_URL")
-    ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]", *filter(None, (env_str("KESTREL_ALLOWED_HOSTS") or "").split(","))]
+    ALLOWED_HOSTS = [
+        "127.0.0.1",
+        "localhost",
+        "[::1]",
+        *filter(None, (env_str("KESTREL_ALLOWED_HOSTS") or "").split(",")),
+    ]
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 
@@ -154,7 +163,10 @@ PASSWORD_HASHERS = [
 ]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 GUARDIAN_RAISE_403 = False

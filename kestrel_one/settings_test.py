@@ -1,11 +1,12 @@
 """Test settings: the real services (PostgreSQL, Redis) at 127.0.0.1 unless told otherwise."""
 
 import os
+import tempfile
 
-os.environ.setdefault("KESTREL_DATA_DIR", "/tmp/kestrel-test-data")
+os.environ.setdefault("KESTREL_DATA_DIR", os.path.join(tempfile.gettempdir(), "kestrel-test-data"))
 
-from kestrel_one.settings import *  # noqa: E402,F403
-from kestrel_one.settings import env_str  # noqa: E402
+from kestrel_one.settings import *  # noqa: F403
+from kestrel_one.settings import env_str
 
 DATABASES = {
     "default": dj_database_url.parse(  # noqa: F405

@@ -77,8 +77,11 @@ def make_person(organization, role: Role, *, name: str, projects=None) -> Actor:
     for project in projects or []:
         assign_perm("tenancy.view_project", user, project)
     token, plaintext = token_create(
-        actor=system_principal("tests"), organization=organization, name=f"{name} token",
-        scopes=sorted(ROLE_SCOPES[role]), user=user,
+        actor=system_principal("tests"),
+        organization=organization,
+        name=f"{name} token",
+        scopes=sorted(ROLE_SCOPES[role]),
+        user=user,
     )
     return Actor(name, role, user, token, plaintext, membership)
 
@@ -96,8 +99,16 @@ def world(db) -> World:
     )
     # An environment with no projects, which an admin is allowed to delete.
     empty_environment = EnvironmentFactory(organization=org, name="scratch")
-    world = World(org, other_org, environment, project, other_project,
-                  foreign_environment, foreign_project, empty_environment)
+    world = World(
+        org,
+        other_org,
+        environment,
+        project,
+        other_project,
+        foreign_environment,
+        foreign_project,
+        empty_environment,
+    )
     for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER):
         world.actors[role.value] = make_person(org, role, name=role.value)
     world.actors["limited"] = make_person(

@@ -19,15 +19,26 @@ HOSTED = {
 
 def run_manage(extra: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in HOSTED and not k.startswith("KESTREL_")}
-    env.update(extra, DJANGO_SETTINGS_MODULE="kestrel_one.settings", KESTREL_DATA_DIR="/tmp/kestrel-settings-test")
+    env.update(
+        extra,
+        DJANGO_SETTINGS_MODULE="kestrel_one.settings",
+        KESTREL_DATA_DIR="/tmp/kestrel-settings-test",
+    )
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120, check=False,
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
 def test_hosted_mode_names_every_missing_variable():
-    result = run_manage({"KESTREL_MODE": "hosted", "REDIS_URL": "redis://127.0.0.1:6379/0"}, "check")
+    result = run_manage(
+        {"KESTREL_MODE": "hosted", "REDIS_URL": "redis://127.0.0.1:6379/0"}, "check"
+    )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     for name in ("DATABASE_URL", "DJANGO_SECRET_KEY", "KESTREL_ALLOWED_HOSTS"):

@@ -12,7 +12,10 @@ class UserAdmin(BaseUserAdmin):
     readonly_fields = ["public_id", "date_joined", "last_login"]
     fieldsets = [
         (None, {"fields": ["public_id", "email", "name", "password"]}),
-        ("Status", {"fields": ["is_active", "is_staff", "is_superuser", "date_joined", "last_login"]}),
+        (
+            "Status",
+            {"fields": ["is_active", "is_staff", "is_superuser", "date_joined", "last_login"]},
+        ),
     ]
     add_fieldsets = [(None, {"fields": ["email", "password1", "password2"]})]
     filter_horizontal: list = []
@@ -23,11 +26,37 @@ class UserAdmin(BaseUserAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Operators can see and revoke tokens; the hash is never shown."""
 
-    list_display = ["public_id", "name", "organization", "user", "expires_at", "revoked_at", "last_used_at"]
+    list_display = [
+        "public_id",
+        "name",
+        "organization",
+        "user",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    ]
     list_filter = ["organization"]
     search_fields = ["public_id", "name", "key_id"]
-    fields = ["public_id", "name", "organization", "user", "scopes", "expires_at", "revoked_at", "last_used_at", "created_at"]
-    readonly_fields = ["public_id", "organization", "user", "scopes", "expires_at", "last_used_at", "created_at"]
+    fields = [
+        "public_id",
+        "name",
+        "organization",
+        "user",
+        "scopes",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+        "created_at",
+    ]
+    readonly_fields = [
+        "public_id",
+        "organization",
+        "user",
+        "scopes",
+        "expires_at",
+        "last_used_at",
+        "created_at",
+    ]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -22,8 +22,16 @@ class TokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiToken
         fields = [
-            "id", "name", "prefix", "scopes", "person", "integration",
-            "created_at", "expires_at", "revoked_at", "last_used_at",
+            "id",
+            "name",
+            "prefix",
+            "scopes",
+            "person",
+            "integration",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
         ]
 
     def get_person(self, token) -> str | None:

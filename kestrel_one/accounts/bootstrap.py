@@ -37,7 +37,10 @@ def bootstrap(*, org_slug: str, email: str, set_password: bool = False) -> dict:
                 "an owner can change the role through the API."
             )
     _, plaintext = token_create(
-        actor=actor, organization=organization, name="bootstrap", scopes=sorted(SCOPES),
+        actor=actor,
+        organization=organization,
+        name="bootstrap",
+        scopes=sorted(SCOPES),
         user=user,
     )
     result = {"org": organization.slug, "user": user.email, "token": plaintext}

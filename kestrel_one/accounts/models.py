@@ -82,6 +82,9 @@ class ApiToken(models.Model):
     class Meta:
         indexes = [models.Index(fields=["organization", "public_id"])]
 
+    def __str__(self) -> str:
+        return f"{self.name} ({self.display_prefix}…)"
+
     @property
     def is_integration(self) -> bool:
         return self.user_id is None
@@ -90,6 +93,3 @@ class ApiToken(models.Model):
     def display_prefix(self) -> str:
         """The non-secret start of the token, enough for a person to recognise it."""
         return f"kst_{self.key_id}"
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.display_prefix}…)"

@@ -14,7 +14,7 @@ from kestrel_one.accounts.scopes import ROLE_SCOPES, SCOPES, Role
 
 
 class PrincipalKind(StrEnum):
-    TOKEN = "token"
+    TOKEN = "token"  # noqa: S105 - a kind of principal, not a secret
     # Single-host only: the local owner, reached by loopback without a token or with the
     # configured server token. ``anonymous`` tells the two apart.
     LOCAL_OWNER = "local_owner"

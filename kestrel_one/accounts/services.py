@@ -48,7 +48,8 @@ def token_create(
     bad = unknown_scopes(scopes)
     if bad:
         raise ValidationFailed(
-            f"Unknown scope(s): {', '.join(bad)}.", details={"scopes": [f"unknown: {s}" for s in bad]}
+            f"Unknown scope(s): {', '.join(bad)}.",
+            details={"scopes": [f"unknown: {s}" for s in bad]},
         )
     if not scopes:
         raise ValidationFailed("A token needs at least one scope.", details={"scopes": ["empty"]})
@@ -71,7 +72,8 @@ def token_create(
         expires_at = now + settings.KESTREL_TOKEN_DEFAULT_TTL
     if expires_at <= now or expires_at > max_expiry:
         raise ValidationFailed(
-            f"expires_at must be in the future and at most {settings.KESTREL_TOKEN_MAX_TTL.days} days away.",
+            "expires_at must be in the future and at most "
+            f"{settings.KESTREL_TOKEN_MAX_TTL.days} days away.",
             details={"expires_at": ["out of range"]},
         )
     owner = None if integration else (user or actor.user)
@@ -96,8 +98,12 @@ def token_create(
         actor=actor,
         action="token.create",
         target=token,
-        data={"name": name, "scopes": token.scopes, "integration": integration,
-              "expires_at": expires_at.isoformat()},
+        data={
+            "name": name,
+            "scopes": token.scopes,
+            "integration": integration,
+            "expires_at": expires_at.isoformat(),
+        },
     )
     return token, plaintext
 

@@ -11,7 +11,7 @@ import hmac
 import re
 import secrets
 
-TOKEN_PREFIX = "kst_"
+TOKEN_PREFIX = "kst_"  # noqa: S105 - the public prefix
 _KEY_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 _TOKEN_RE = re.compile(r"^kst_([a-z2-7]{12})_([A-Za-z0-9_-]{43})$")
 

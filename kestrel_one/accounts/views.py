@@ -22,7 +22,8 @@ class LoginForm(forms.Form):
     email = forms.EmailField(required=False)
     password = forms.CharField(widget=forms.PasswordInput, required=False)
     server_token = forms.CharField(
-        widget=forms.PasswordInput, required=False,
+        widget=forms.PasswordInput,
+        required=False,
         help_text="Single-host mode: the configured KESTREL_SERVER_TOKEN.",
     )
 
@@ -35,8 +36,10 @@ class LoginForm(forms.Form):
         data = super().clean()
         server_token = settings.KESTREL_SERVER_TOKEN
         if data.get("server_token"):
-            if settings.SINGLE_HOST and server_token and hmac.compare_digest(
-                data["server_token"].encode(), server_token.encode()
+            if (
+                settings.SINGLE_HOST
+                and server_token
+                and hmac.compare_digest(data["server_token"].encode(), server_token.encode())
             ):
                 self.user = local_owner()
         elif data.get("email") and data.get("password"):
@@ -53,14 +56,18 @@ class LoginView(View):
     template_name = "accounts/login.html"
 
     def get(self, request):
-        return render(request, self.template_name, {"form": LoginForm(), "single_host": settings.SINGLE_HOST})
+        return render(
+            request, self.template_name, {"form": LoginForm(), "single_host": settings.SINGLE_HOST}
+        )
 
     def post(self, request):
         form = LoginForm(request.POST, request=request)
         if not form.is_valid():
             return render(
-                request, self.template_name,
-                {"form": form, "single_host": settings.SINGLE_HOST}, status=400,
+                request,
+                self.template_name,
+                {"form": form, "single_host": settings.SINGLE_HOST},
+                status=400,
             )
         login(request, form.user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect(settings.LOGIN_REDIRECT_URL)

@@ -17,7 +17,7 @@ from rest_framework.authentication import BaseAuthentication
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.services import token_authenticate
 
-TOKEN_HEADER = "HTTP_X_KESTREL_TOKEN"
+TOKEN_HEADER = "HTTP_X_KESTREL_TOKEN"  # noqa: S105 - a header name
 
 
 def presented_token(request) -> str | None:
@@ -79,8 +79,10 @@ class KestrelTokenAuthentication(BaseAuthentication):
         if not value:
             raise exceptions.AuthenticationFailed("The token is empty.")
         server_token = settings.KESTREL_SERVER_TOKEN
-        if settings.SINGLE_HOST and server_token and hmac.compare_digest(
-            value.encode(), server_token.encode()
+        if (
+            settings.SINGLE_HOST
+            and server_token
+            and hmac.compare_digest(value.encode(), server_token.encode())
         ):
             owner = local_owner()
             if owner is None:

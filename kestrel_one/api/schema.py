@@ -19,5 +19,9 @@ class ConsoleSessionScheme(OpenApiAuthenticationExtension):
     name = "consoleSession"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "apiKey", "in": "cookie", "name": "sessionid",
-                "description": "Schema and docs only; the API never accepts the session."}
+        return {
+            "type": "apiKey",
+            "in": "cookie",
+            "name": "sessionid",
+            "description": "Schema and docs only; the API never accepts the session.",
+        }

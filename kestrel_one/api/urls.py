@@ -32,7 +32,11 @@ urlpatterns = [
         name="token-detail",
     ),
     path(f"{ORG}/environments", EnvironmentViewSet.as_view(LIST), name="environment-list"),
-    path(f"{ORG}/environments/<str:env>", EnvironmentViewSet.as_view(DETAIL), name="environment-detail"),
+    path(
+        f"{ORG}/environments/<str:env>",
+        EnvironmentViewSet.as_view(DETAIL),
+        name="environment-detail",
+    ),
     path(f"{ORG}/projects", ProjectViewSet.as_view(LIST), name="project-list"),
     path(f"{ORG}/projects/<str:prj>", ProjectViewSet.as_view(DETAIL), name="project-detail"),
 ]

@@ -16,6 +16,9 @@ class AuditChain(models.Model):
     last_sequence = models.BigIntegerField(default=0)
     last_hash = models.CharField(max_length=64, default="0" * 64)
 
+    def __str__(self) -> str:
+        return f"audit chain of {self.organization_id} at {self.last_sequence}"
+
 
 class AuditRecord(models.Model):
     """One sensitive action: who did what to which object, with what outcome."""
@@ -49,3 +52,6 @@ class AuditRecord(models.Model):
             models.Index(fields=["organization", "created_at"]),
         ]
         ordering = ["organization_id", "sequence"]
+
+    def __str__(self) -> str:
+        return f"#{self.sequence} {self.action} by {self.actor_id}"

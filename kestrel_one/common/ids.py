@@ -13,7 +13,23 @@ from functools import partial
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 PREFIXES = frozenset(
-    {"usr", "org", "mem", "env", "prj", "thr", "act", "apr", "rcp", "art", "tok", "run", "whk", "pol", "aud"}
+    {
+        "usr",
+        "org",
+        "mem",
+        "env",
+        "prj",
+        "thr",
+        "act",
+        "apr",
+        "rcp",
+        "art",
+        "tok",
+        "run",
+        "whk",
+        "pol",
+        "aud",
+    }
 )
 
 
@@ -39,7 +55,7 @@ def public_id_factory(prefix: str):
     return partial(new_public_id, prefix)
 
 
-def PublicIdField(prefix: str):  # noqa: N802 - reads like a field class at the call site
+def PublicIdField(prefix: str):
     from django.db import models
 
     return models.CharField(

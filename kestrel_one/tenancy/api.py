@@ -76,7 +76,9 @@ class MemberSerializer(serializers.ModelSerializer):
             Project.objects.filter(
                 organization=membership.organization_id,
                 user_permissions__user=membership.user_id,
-            ).values_list("public_id", flat=True).distinct()
+            )
+            .values_list("public_id", flat=True)
+            .distinct()
         )
 
 
@@ -88,27 +90,35 @@ class MemberCreateSerializer(StrictSerializer):
     email = serializers.EmailField()
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     role = serializers.ChoiceField(choices=[r.value for r in Role])
-    projects = ProjectIdsField(required=False, allow_empty=True, max_length=500,
-                               help_text="Limit the member to these projects; omit for all.")
+    projects = ProjectIdsField(
+        required=False,
+        allow_empty=True,
+        max_length=500,
+        help_text="Limit the member to these projects; omit for all.",
+    )
 
 
 class MemberUpdateSerializer(StrictSerializer):
     role = serializers.ChoiceField(choices=[r.value for r in Role], required=False)
-    projects = ProjectIdsField(required=False, allow_null=True, max_length=500,
-                               help_text="A list limits the member to those projects; null grants all.")
+    projects = ProjectIdsField(
+        required=False,
+        allow_null=True,
+        max_length=500,
+        help_text="A list limits the member to those projects; null grants all.",
+    )
 
 
 def resolve_projects(organization, ids: list[str]) -> list[Project]:
-    found = {p.public_id: p for p in Project.objects.for_org(organization).filter(public_id__in=ids)}
+    found = {
+        p.public_id: p for p in Project.objects.for_org(organization).filter(public_id__in=ids)
+    }
     missing = [f"projects[{i}]" for i, pid in enumerate(ids) if pid not in found]
     if missing:
         raise serializers.ValidationError({name: ["Unknown project."] for name in missing})
     return [found[pid] for pid in dict.fromkeys(ids)]
 
 
-class MembershipViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet
-):
+class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
     scope_map = READ_ADMIN_MAP
     queryset = Membership.objects.none()
     serializer_class = MemberSerializer
@@ -128,8 +138,11 @@ class MembershipViewSet(
             projects = resolve_projects(self.organization, values["projects"])
         user, _ = user_get_or_create(email=values["email"], name=values.get("name", ""))
         membership = services.membership_add(
-            actor=self.principal, organization=self.organization, user=user,
-            role=Role(values["role"]), projects=projects,
+            actor=self.principal,
+            organization=self.organization,
+            user=user,
+            role=Role(values["role"]),
+            projects=projects,
         )
         return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
 
@@ -144,7 +157,8 @@ class MembershipViewSet(
         if values.get("projects") is not None:
             limited_to = resolve_projects(self.organization, values["projects"])
         membership = services.membership_update(
-            actor=self.principal, membership=membership,
+            actor=self.principal,
+            membership=membership,
             role=Role(values["role"]) if "role" in values else None,
             projects=limited_to,
             all_projects="projects" in values and values["projects"] is None,
@@ -175,9 +189,7 @@ class EnvironmentFilter(django_filters.FilterSet):
         fields = ["name"]
 
 
-class EnvironmentViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet
-):
+class EnvironmentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
     scope_map = READ_ADMIN_MAP
     queryset = Environment.objects.none()
     serializer_class = EnvironmentSerializer
@@ -209,7 +221,8 @@ class EnvironmentViewSet(
 class ProjectSerializer(StrictModelSerializer):
     id = serializers.CharField(source="public_id", read_only=True)
     environment = serializers.SlugRelatedField(
-        slug_field="public_id", queryset=Environment.objects.none(),
+        slug_field="public_id",
+        queryset=Environment.objects.none(),
         help_text="The environment's id (env_...). Fixed once the project exists.",
     )
 
@@ -244,9 +257,7 @@ class ProjectFilter(django_filters.FilterSet):
         fields = ["name", "environment"]
 
 
-class ProjectViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet
-):
+class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
     scope_map = READ_ADMIN_MAP
     queryset = Project.objects.none()
     serializer_class = ProjectSerializer

@@ -83,7 +83,9 @@ class Environment(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["organization", "name"], name="environment_name_per_org")
+            models.UniqueConstraint(
+                fields=["organization", "name"], name="environment_name_per_org"
+            )
         ]
         indexes = [models.Index(fields=["organization", "public_id"])]
 
@@ -120,9 +122,7 @@ class Project(models.Model):
     )
     # RESTRICT: an environment cannot be deleted under its projects, yet deleting the
     # organization removes both.
-    environment = models.ForeignKey(
-        Environment, on_delete=models.RESTRICT, related_name="projects"
-    )
+    environment = models.ForeignKey(Environment, on_delete=models.RESTRICT, related_name="projects")
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True, max_length=2000)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -136,15 +136,15 @@ class Project(models.Model):
         ]
         indexes = [models.Index(fields=["organization", "public_id"])]
 
+    def __str__(self) -> str:
+        return self.name
+
     def save(self, *args, **kwargs):
         # The environment must be the project's own organization's; a service checks this
         # too, but the model refuses to store the crossing whatever the caller.
         if self.environment.organization_id != self.organization_id:
             raise ValueError("a project's environment must belong to the same organization")
         super().save(*args, **kwargs)
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class ProjectUserObjectPermission(UserObjectPermissionBase):

@@ -28,8 +28,11 @@ def organization_create(*, actor: Principal, slug: str, name: str, owner) -> Org
     AuditChain.objects.create(organization=organization)
     Membership.objects.create(organization=organization, user=owner, role=Role.OWNER)
     audit_record(
-        organization=organization, actor=actor, action="organization.create",
-        target=organization, data={"slug": slug, "owner": owner.public_id},
+        organization=organization,
+        actor=actor,
+        action="organization.create",
+        target=organization,
+        data={"slug": slug, "owner": owner.public_id},
     )
     return organization
 
@@ -63,16 +66,24 @@ def membership_add(
     try:
         with transaction.atomic():
             membership = Membership.objects.create(
-                organization=organization, user=user, role=role,
+                organization=organization,
+                user=user,
+                role=role,
                 all_projects=projects is None,
             )
     except IntegrityError:
         raise Conflict(f"{user.email} is already a member of this organization.") from None
     _set_project_grants(membership, projects)
     audit_record(
-        organization=organization, actor=actor, action="membership.add", target=membership,
-        data={"user": user.public_id, "role": role,
-              "projects": [p.public_id for p in projects] if projects is not None else "all"},
+        organization=organization,
+        actor=actor,
+        action="membership.add",
+        target=membership,
+        data={
+            "user": user.public_id,
+            "role": role,
+            "projects": [p.public_id for p in projects] if projects is not None else "all",
+        },
     )
     return membership
 
@@ -114,7 +125,10 @@ def membership_update(
         _set_project_grants(membership, projects)
     membership.save()
     audit_record(
-        organization=organization, actor=actor, action="membership.update", target=membership,
+        organization=organization,
+        actor=actor,
+        action="membership.update",
+        target=membership,
         data=changes,
     )
     return membership
@@ -130,21 +144,31 @@ def membership_remove(*, actor: Principal, membership: Membership) -> None:
     # A removed person's tokens in this organization stop working with the membership.
     membership.user.tokens.filter(organization=organization).delete()
     audit_record(
-        organization=organization, actor=actor, action="membership.remove", target=membership,
+        organization=organization,
+        actor=actor,
+        action="membership.remove",
+        target=membership,
         data={"user": membership.user.public_id, "role": membership.role},
     )
     membership.delete()
 
 
 @transaction.atomic
-def environment_create(*, actor: Principal, organization, name: str, description: str = "") -> Environment:
+def environment_create(
+    *, actor: Principal, organization, name: str, description: str = ""
+) -> Environment:
     if Environment.objects.filter(organization=organization, name=name).exists():
-        raise Conflict(f"An environment named '{name}' already exists.", details={"name": ["taken"]})
+        raise Conflict(
+            f"An environment named '{name}' already exists.", details={"name": ["taken"]}
+        )
     environment = Environment.objects.create(
         organization=organization, name=name, description=description
     )
     audit_record(
-        organization=organization, actor=actor, action="environment.create", target=environment,
+        organization=organization,
+        actor=actor,
+        action="environment.create",
+        target=environment,
         data={"name": name},
     )
     return environment
@@ -152,16 +176,24 @@ def environment_create(*, actor: Principal, organization, name: str, description
 
 @transaction.atomic
 def environment_update(*, actor: Principal, environment: Environment, **fields) -> Environment:
-    if "name" in fields and Environment.objects.filter(
-        organization=environment.organization, name=fields["name"]
-    ).exclude(pk=environment.pk).exists():
-        raise Conflict(f"An environment named '{fields['name']}' already exists.", details={"name": ["taken"]})
+    if (
+        "name" in fields
+        and Environment.objects.filter(organization=environment.organization, name=fields["name"])
+        .exclude(pk=environment.pk)
+        .exists()
+    ):
+        raise Conflict(
+            f"An environment named '{fields['name']}' already exists.", details={"name": ["taken"]}
+        )
     for key, value in fields.items():
         setattr(environment, key, value)
     environment.save()
     audit_record(
-        organization=environment.organization, actor=actor, action="environment.update",
-        target=environment, data=fields,
+        organization=environment.organization,
+        actor=actor,
+        action="environment.update",
+        target=environment,
+        data=fields,
     )
     return environment
 
@@ -174,8 +206,11 @@ def environment_delete(*, actor: Principal, environment: Environment) -> None:
             details={"projects": [p.public_id for p in environment.projects.all()[:20]]},
         )
     audit_record(
-        organization=environment.organization, actor=actor, action="environment.delete",
-        target=environment, data={"name": environment.name},
+        organization=environment.organization,
+        actor=actor,
+        action="environment.delete",
+        target=environment,
+        data={"name": environment.name},
     )
     environment.delete()
 
@@ -193,7 +228,10 @@ def project_create(
         organization=organization, environment=environment, name=name, description=description
     )
     audit_record(
-        organization=organization, actor=actor, action="project.create", target=project,
+        organization=organization,
+        actor=actor,
+        action="project.create",
+        target=project,
         data={"name": name, "environment": environment.public_id},
     )
     return project
@@ -201,15 +239,23 @@ def project_create(
 
 @transaction.atomic
 def project_update(*, actor: Principal, project: Project, **fields) -> Project:
-    if "name" in fields and Project.objects.filter(
-        organization=project.organization, name=fields["name"]
-    ).exclude(pk=project.pk).exists():
-        raise Conflict(f"A project named '{fields['name']}' already exists.", details={"name": ["taken"]})
+    if (
+        "name" in fields
+        and Project.objects.filter(organization=project.organization, name=fields["name"])
+        .exclude(pk=project.pk)
+        .exists()
+    ):
+        raise Conflict(
+            f"A project named '{fields['name']}' already exists.", details={"name": ["taken"]}
+        )
     for key, value in fields.items():
         setattr(project, key, value)
     project.save()
     audit_record(
-        organization=project.organization, actor=actor, action="project.update", target=project,
+        organization=project.organization,
+        actor=actor,
+        action="project.update",
+        target=project,
         data=fields,
     )
     return project
@@ -218,7 +264,10 @@ def project_update(*, actor: Principal, project: Project, **fields) -> Project:
 @transaction.atomic
 def project_delete(*, actor: Principal, project: Project) -> None:
     audit_record(
-        organization=project.organization, actor=actor, action="project.delete", target=project,
+        organization=project.organization,
+        actor=actor,
+        action="project.delete",
+        target=project,
         data={"name": project.name},
     )
     project.delete()

@@ -30,7 +30,9 @@ def all_text_in_database() -> str:
 
 def test_token_plaintext_is_nowhere_in_the_database(world):
     owner = world["owner"].client()
-    created = owner.post("/api/v1/orgs/acme/tokens", {"name": "ci", "scopes": ["org:read"]}, format="json")
+    created = owner.post(
+        "/api/v1/orgs/acme/tokens", {"name": "ci", "scopes": ["org:read"]}, format="json"
+    )
     assert created.status_code == 201
     plaintext = created.json()["token"]
     assert plaintext.startswith("kst_")
@@ -45,7 +47,9 @@ def test_token_plaintext_is_nowhere_in_the_database(world):
 
 def test_secret_is_shown_only_at_creation(world):
     owner = world["owner"].client()
-    created = owner.post("/api/v1/orgs/acme/tokens", {"name": "ci", "scopes": ["org:read"]}, format="json").json()
+    created = owner.post(
+        "/api/v1/orgs/acme/tokens", {"name": "ci", "scopes": ["org:read"]}, format="json"
+    ).json()
     shown = owner.get(f"/api/v1/orgs/acme/tokens/{created['id']}").json()
     listed = owner.get("/api/v1/orgs/acme/tokens").content.decode()
     assert "token" not in shown
@@ -67,7 +71,9 @@ def test_both_headers_authenticate(world, header):
     ["Bearer kst_aaaaaaaaaaaa_" + "x" * 43, "Bearer nonsense", "Basic dXNlcjpwYXNz", "Bearer "],
 )
 def test_invalid_credentials_get_401(world, value):
-    response = APIClient(REMOTE_ADDR="203.0.113.7").get("/api/v1/orgs/acme", HTTP_AUTHORIZATION=value)
+    response = APIClient(REMOTE_ADDR="203.0.113.7").get(
+        "/api/v1/orgs/acme", HTTP_AUTHORIZATION=value
+    )
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "not_authenticated"
     assert response["WWW-Authenticate"].startswith("Bearer")
@@ -82,7 +88,9 @@ def test_expired_token_gets_401(world):
 
 def test_revoked_token_gets_401(world):
     owner = world["owner"].client()
-    created = owner.post("/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:read"]}, format="json").json()
+    created = owner.post(
+        "/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:read"]}, format="json"
+    ).json()
     client = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {created['token']}")
     assert client.get("/api/v1/orgs/acme").status_code == 200
     revoked = owner.delete(f"/api/v1/orgs/acme/tokens/{created['id']}")
@@ -93,7 +101,9 @@ def test_revoked_token_gets_401(world):
 @pytest.mark.spec("API-2")
 def test_session_cookie_alone_gets_401(world, client):
     owner = world["owner"].user
-    response = client.post("/login", {"email": owner.email, "password": "correct horse battery staple"})
+    response = client.post(
+        "/login", {"email": owner.email, "password": "correct horse battery staple"}
+    )
     assert response.status_code == 302
     cookie = response.cookies["sessionid"]
     assert cookie["httponly"] and cookie["samesite"] == "Lax"
@@ -115,7 +125,8 @@ def test_integration_token_acts_with_exactly_its_scopes(world):
     owner = world["owner"].client()
     created = owner.post(
         "/api/v1/orgs/acme/tokens",
-        {"name": "deploy-bot", "scopes": ["org:read"], "integration": True}, format="json",
+        {"name": "deploy-bot", "scopes": ["org:read"], "integration": True},
+        format="json",
     ).json()
     assert created["integration"] is True and created["person"] is None
     bot = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {created['token']}")
@@ -127,25 +138,38 @@ def test_integration_token_acts_with_exactly_its_scopes(world):
 
 
 def test_integration_token_cannot_approve(world):
-    response = world["owner"].client().post(
-        "/api/v1/orgs/acme/tokens",
-        {"name": "bot", "scopes": ["actions:approve"], "integration": True}, format="json",
+    response = (
+        world["owner"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/tokens",
+            {"name": "bot", "scopes": ["actions:approve"], "integration": True},
+            format="json",
+        )
     )
     assert response.status_code == 400
     assert "scopes" in response.json()["error"]["details"]
 
 
 def test_member_cannot_mint_scopes_they_do_not_hold(world):
-    response = world["member"].client().post(
-        "/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:admin"]}, format="json"
+    response = (
+        world["member"]
+        .client()
+        .post("/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:admin"]}, format="json")
     )
     assert response.status_code == 403
     assert "org:admin" in response.json()["error"]["message"]
 
 
 def test_member_cannot_create_integration_tokens(world):
-    response = world["member"].client().post(
-        "/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:read"], "integration": True}, format="json"
+    response = (
+        world["member"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/tokens",
+            {"name": "x", "scopes": ["org:read"], "integration": True},
+            format="json",
+        )
     )
     assert response.status_code == 403
 
@@ -155,7 +179,8 @@ def test_person_token_loses_power_when_role_drops(world):
     member.membership.role = "viewer"
     member.membership.save()
     refused = member.client().post(
-        "/api/v1/orgs/acme/projects", {"name": "p", "environment": world.environment.public_id},
+        "/api/v1/orgs/acme/projects",
+        {"name": "p", "environment": world.environment.public_id},
         format="json",
     )
     assert refused.status_code == 403
@@ -166,13 +191,19 @@ def test_person_token_loses_power_when_role_drops(world):
 def test_removed_member_token_stops_working(world):
     member = world["member"]
     owner = world["owner"].client()
-    assert owner.delete(f"/api/v1/orgs/acme/members/{member.membership.public_id}").status_code == 204
+    assert (
+        owner.delete(f"/api/v1/orgs/acme/members/{member.membership.public_id}").status_code == 204
+    )
     assert member.client().get("/api/v1/orgs/acme").status_code == 401
 
 
 def test_unknown_scope_is_refused_by_name(world):
-    response = world["owner"].client().post(
-        "/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:read", "root"]}, format="json"
+    response = (
+        world["owner"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:read", "root"]}, format="json"
+        )
     )
     assert response.status_code == 400
     assert "scopes" in response.json()["error"]["details"]
@@ -180,8 +211,14 @@ def test_unknown_scope_is_refused_by_name(world):
 
 def test_expiry_beyond_the_maximum_is_refused(world):
     far = (timezone.now() + timedelta(days=5000)).isoformat()
-    response = world["owner"].client().post(
-        "/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:read"], "expires_at": far}, format="json"
+    response = (
+        world["owner"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/tokens",
+            {"name": "x", "scopes": ["org:read"], "expires_at": far},
+            format="json",
+        )
     )
     assert response.status_code == 400
     assert "expires_at" in response.json()["error"]["details"]

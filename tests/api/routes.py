@@ -42,7 +42,9 @@ def org_scoped_routes() -> list[Route]:
                             # it runs the same handler, so the walker probes GET only.
                             actions={
                                 method: action
-                                for method, action in (getattr(callback, "actions", {}) or {}).items()
+                                for method, action in (
+                                    getattr(callback, "actions", {}) or {}
+                                ).items()
                                 if method != "head"
                             },
                         )
@@ -75,7 +77,8 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
     ("api:environment-list", "post"): lambda w: {"name": "staging"},
     ("api:environment-detail", "patch"): lambda w: {"description": "changed"},
     ("api:project-list", "post"): lambda w: {
-        "name": "new-project", "environment": w.environment.public_id
+        "name": "new-project",
+        "environment": w.environment.public_id,
     },
     ("api:project-detail", "patch"): lambda w: {"description": "changed"},
 }

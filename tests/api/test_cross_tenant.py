@@ -18,8 +18,11 @@ from tests.api.routes import BODIES, KWARGS, SELF_SERVICE, org_scoped_routes
 
 # Objects a role may not see even inside its organization (a member sees only own tokens).
 HIDDEN_FROM = {"api:token-detail": {"member", "limited"}}
-MISSING_IDS = {"id": "tok_00000000000000000000000000", "env": "env_00000000000000000000000000",
-               "prj": "prj_00000000000000000000000000"}
+MISSING_IDS = {
+    "id": "tok_00000000000000000000000000",
+    "env": "env_00000000000000000000000000",
+    "prj": "prj_00000000000000000000000000",
+}
 WRITE_METHODS = {"post", "put", "patch", "delete"}
 ORG_ACTORS = ("owner", "admin", "member", "viewer", "limited")
 
@@ -47,9 +50,15 @@ def fill(route, world, org_slug: str, overrides: dict | None = None) -> str:
 
 def foreign_markers(world) -> list[str]:
     """Identifiers and names of the acme organization that no outsider may ever see."""
-    markers = [world.environment.public_id, world.empty_environment.public_id,
-               world.project.public_id, world.other_project.public_id,
-               "launchpad", "hangar", "Acme Rockets"]
+    markers = [
+        world.environment.public_id,
+        world.empty_environment.public_id,
+        world.project.public_id,
+        world.other_project.public_id,
+        "launchpad",
+        "hangar",
+        "Acme Rockets",
+    ]
     for name in ORG_ACTORS:
         actor = world[name]
         markers += [actor.user.email, actor.token.public_id, actor.membership.public_id]
@@ -76,7 +85,11 @@ def expected_for(route, method: str, actor_name: str, world) -> str:
         return "404"
     if actor_name in HIDDEN_FROM.get(route.name, set()):
         return "404"
-    if method in WRITE_METHODS and actor_name == "viewer" and (route.name, method) not in SELF_SERVICE:
+    if (
+        method in WRITE_METHODS
+        and actor_name == "viewer"
+        and (route.name, method) not in SELF_SERVICE
+    ):
         pytest.fail(f"{route.name} {method}: a viewer may write here; is that intended?")
     return "2xx"
 
@@ -87,11 +100,15 @@ def test_every_org_route_refuses_outsiders_like_missing_objects(world, capsys):
     assert routes, "the resolver returned no organization routes"
     uncovered = [r.name for r in routes if r.name not in KWARGS]
     uncovered += [
-        f"{r.name} {m}" for r in routes for m in r.actions
+        f"{r.name} {m}"
+        for r in routes
+        for m in r.actions
         if m in {"post", "put", "patch"} and (r.name, m) not in BODIES
     ]
     assert not uncovered, f"routes without a walker entry in tests/api/routes.py: {uncovered}"
-    not_scoped = [r.name for r in routes if not (r.view_class and issubclass(r.view_class, OrgScopedViewSet))]
+    not_scoped = [
+        r.name for r in routes if not (r.view_class and issubclass(r.view_class, OrgScopedViewSet))
+    ]
     assert not not_scoped, f"organization routes not built on OrgScopedViewSet: {not_scoped}"
 
     markers = foreign_markers(world)
@@ -129,7 +146,9 @@ def test_every_org_route_refuses_outsiders_like_missing_objects(world, capsys):
                 assert status == int(expected), f"{where}: {status} {response.content[:300]}"
                 assert before == after, f"{where}: a refused request changed the database"
                 assert response.json()["error"]["code"] in {
-                    "not_found", "permission_denied", "not_authenticated"
+                    "not_found",
+                    "permission_denied",
+                    "not_authenticated",
                 }
                 if expected == "404":
                     assert response.content == missing_body, f"{where}: 404 differs from missing"

@@ -37,7 +37,9 @@ def test_unknown_route_is_a_json_404(world):
 
 
 def test_bad_input_names_the_field(world):
-    response = world["owner"].client().post("/api/v1/orgs/acme/projects", {"name": ""}, format="json")
+    response = (
+        world["owner"].client().post("/api/v1/orgs/acme/projects", {"name": ""}, format="json")
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "invalid"
@@ -46,16 +48,22 @@ def test_bad_input_names_the_field(world):
 
 
 def test_unknown_fields_are_refused_not_ignored(world):
-    response = world["owner"].client().post(
-        "/api/v1/orgs/acme/environments", {"name": "x", "organization": "globex"}, format="json"
+    response = (
+        world["owner"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/environments", {"name": "x", "organization": "globex"}, format="json"
+        )
     )
     assert response.status_code == 400
     assert "organization" in response.json()["error"]["details"]
 
 
 def test_malformed_json_is_a_parse_error(world):
-    response = world["owner"].client().post(
-        "/api/v1/orgs/acme/environments", "{not json", content_type="application/json"
+    response = (
+        world["owner"]
+        .client()
+        .post("/api/v1/orgs/acme/environments", "{not json", content_type="application/json")
     )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "parse_error"
@@ -63,9 +71,14 @@ def test_malformed_json_is_a_parse_error(world):
 
 @pytest.mark.spec("TEN-4")
 def test_project_cannot_use_a_foreign_environment(world):
-    response = world["owner"].client().post(
-        "/api/v1/orgs/acme/projects",
-        {"name": "p", "environment": world.foreign_environment.public_id}, format="json",
+    response = (
+        world["owner"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/projects",
+            {"name": "p", "environment": world.foreign_environment.public_id},
+            format="json",
+        )
     )
     assert response.status_code == 400
     assert "environment" in response.json()["error"]["details"]
@@ -76,38 +89,47 @@ def test_project_lifecycle_is_audited(world):
     owner = world["owner"].client()
     created = owner.post(
         "/api/v1/orgs/acme/projects",
-        {"name": "rocket", "environment": world.environment.public_id}, format="json",
+        {"name": "rocket", "environment": world.environment.public_id},
+        format="json",
     )
     assert created.status_code == 201
     project_id = created.json()["id"]
     assert project_id.startswith("prj_")
     assert created.json()["environment"] == world.environment.public_id
-    renamed = owner.patch(f"/api/v1/orgs/acme/projects/{project_id}", {"name": "rocket-2"}, format="json")
+    renamed = owner.patch(
+        f"/api/v1/orgs/acme/projects/{project_id}", {"name": "rocket-2"}, format="json"
+    )
     assert renamed.json()["name"] == "rocket-2"
     moved = owner.patch(
         f"/api/v1/orgs/acme/projects/{project_id}",
-        {"environment": world.empty_environment.public_id}, format="json",
+        {"environment": world.empty_environment.public_id},
+        format="json",
     )
     assert moved.status_code == 400, "a project's environment is fixed once it exists"
     assert owner.delete(f"/api/v1/orgs/acme/projects/{project_id}").status_code == 204
     actions = list(
         AuditRecord.objects.filter(organization=world.org, target_id=project_id)
-        .order_by("sequence").values_list("action", flat=True)
+        .order_by("sequence")
+        .values_list("action", flat=True)
     )
     assert actions == ["project.create", "project.update", "project.delete"]
 
 
 def test_duplicate_names_conflict(world):
-    response = world["owner"].client().post(
-        "/api/v1/orgs/acme/environments", {"name": "production"}, format="json"
+    response = (
+        world["owner"]
+        .client()
+        .post("/api/v1/orgs/acme/environments", {"name": "production"}, format="json")
     )
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "conflict"
 
 
 def test_environment_with_projects_cannot_be_deleted(world):
-    response = world["owner"].client().delete(
-        f"/api/v1/orgs/acme/environments/{world.environment.public_id}"
+    response = (
+        world["owner"]
+        .client()
+        .delete(f"/api/v1/orgs/acme/environments/{world.environment.public_id}")
     )
     assert response.status_code == 409
     assert world.project.public_id in str(response.json()["error"]["details"])
@@ -138,7 +160,9 @@ def test_lists_paginate_with_a_cursor_and_filter(world):
 @pytest.mark.spec("TEN-3")
 def test_admin_cannot_make_owners_and_last_owner_stays(world):
     admin = world["admin"].client()
-    response = admin.post("/api/v1/orgs/acme/members", {"email": "x@example.com", "role": "owner"}, format="json")
+    response = admin.post(
+        "/api/v1/orgs/acme/members", {"email": "x@example.com", "role": "owner"}, format="json"
+    )
     assert response.status_code == 403
     owner = world["owner"]
     demote = owner.client().patch(
@@ -152,16 +176,23 @@ def test_member_can_be_limited_to_projects_and_widened_again(world):
     owner = world["owner"].client()
     created = owner.post(
         "/api/v1/orgs/acme/members",
-        {"email": "contractor@example.com", "role": "member", "projects": [world.project.public_id]},
+        {
+            "email": "contractor@example.com",
+            "role": "member",
+            "projects": [world.project.public_id],
+        },
         format="json",
     ).json()
     assert created["all_projects"] is False and created["projects"] == [world.project.public_id]
     unknown = owner.patch(
         f"/api/v1/orgs/acme/members/{created['id']}",
-        {"projects": [world.foreign_project.public_id]}, format="json",
+        {"projects": [world.foreign_project.public_id]},
+        format="json",
     )
     assert unknown.status_code == 400 and "projects[0]" in unknown.json()["error"]["details"]
-    widened = owner.patch(f"/api/v1/orgs/acme/members/{created['id']}", {"projects": None}, format="json")
+    widened = owner.patch(
+        f"/api/v1/orgs/acme/members/{created['id']}", {"projects": None}, format="json"
+    )
     assert widened.json()["all_projects"] is True and widened.json()["projects"] is None
 
 

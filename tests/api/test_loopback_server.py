@@ -15,6 +15,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spec("API-3")
+ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - binding everywhere is what these tests exercise
 
 
 def free_port() -> int:
@@ -34,7 +35,11 @@ def non_loopback_address() -> str:
 
 
 def single_host_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_", "DATABASE_URL", "REDIS_URL"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KESTREL_", "DJANGO_", "DATABASE_URL", "REDIS_URL"))
+    }
     env.update(KESTREL_MODE="single-host", KESTREL_DATA_DIR=str(data_dir), **extra)
     env["DJANGO_SETTINGS_MODULE"] = "kestrel_one.settings"
     return env
@@ -42,8 +47,13 @@ def single_host_env(data_dir: Path, **extra: str) -> dict[str, str]:
 
 def manage(env, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120, check=False,
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -83,7 +93,9 @@ def data_dir(tmp_path):
 def test_serve_first_run_prints_sign_in_and_loopback_acts_as_owner(data_dir):
     env = single_host_env(data_dir)
     port = free_port()
-    server = Server(env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port)
+    server = Server(
+        env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port
+    )
     try:
         server.wait_ready()
         base = f"http://127.0.0.1:{port}/api/v1"
@@ -99,7 +111,9 @@ def test_serve_first_run_prints_sign_in_and_loopback_acts_as_owner(data_dir):
     assert "/login" in output
     # A second start on the same data prints no new credentials.
     port = free_port()
-    again = Server(env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port)
+    again = Server(
+        env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port
+    )
     try:
         again.wait_ready()
     finally:
@@ -108,7 +122,9 @@ def test_serve_first_run_prints_sign_in_and_loopback_acts_as_owner(data_dir):
 
 
 def test_serve_refuses_non_loopback_bind_without_server_token(data_dir):
-    result = manage(single_host_env(data_dir), "serve", "--host", "0.0.0.0", "--port", str(free_port()))  # noqa: S104
+    result = manage(
+        single_host_env(data_dir), "serve", "--host", ALL_INTERFACES, "--port", str(free_port())
+    )
     assert result.returncode != 0
     assert "KESTREL_SERVER_TOKEN" in result.stderr
 
@@ -124,8 +140,18 @@ def test_non_loopback_request_without_token_is_rejected(data_dir):
     port = free_port()
     server = Server(
         env,
-        [sys.executable, "-m", "gunicorn", "kestrel_one.wsgi:application", "-b", f"0.0.0.0:{port}",  # noqa: S104
-         "--workers", "1", "--forwarded-allow-ips", ""],
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "kestrel_one.wsgi:application",
+            "-b",
+            f"{ALL_INTERFACES}:{port}",
+            "--workers",
+            "1",
+            "--forwarded-allow-ips",
+            "",
+        ],
         port,
     )
     try:
@@ -133,7 +159,8 @@ def test_non_loopback_request_without_token_is_rejected(data_dir):
         loopback = requests.get(f"http://127.0.0.1:{port}/api/v1/orgs", timeout=10)
         assert loopback.status_code == 200
         remote = requests.get(
-            f"http://{address}:{port}/api/v1/orgs", timeout=10,
+            f"http://{address}:{port}/api/v1/orgs",
+            timeout=10,
             headers={"X-Forwarded-For": "127.0.0.1", "X-Real-IP": "127.0.0.1"},
         )
         assert remote.status_code == 401
@@ -143,10 +170,12 @@ def test_non_loopback_request_without_token_is_rejected(data_dir):
 
 
 def test_with_server_token_loopback_must_present_it(data_dir):
-    secret = "a-long-random-test-secret-value"  # noqa: S105
+    secret = "a-long-random-test-secret-value"
     env = single_host_env(data_dir, KESTREL_SERVER_TOKEN=secret)
     port = free_port()
-    server = Server(env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port)
+    server = Server(
+        env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port
+    )
     try:
         server.wait_ready()
         base = f"http://127.0.0.1:{port}/api/v1"
@@ -171,7 +200,9 @@ def test_bootstrap_prints_one_line_of_json(data_dir):
     body = json.loads(lines[0])
     assert body["org"] == "acme" and body["user"] == "ada@example.com"
     assert body["token"].startswith("kst_")
-    second = json.loads(manage(env, "bootstrap", "--org", "acme", "--email", "ada@example.com").stdout)
+    second = json.loads(
+        manage(env, "bootstrap", "--org", "acme", "--email", "ada@example.com").stdout
+    )
     assert second["token"] != body["token"], "each run prints a new token"
     bad = manage(env, "bootstrap", "--org", "Not A Slug!", "--email", "ada@example.com")
     assert bad.returncode != 0 and "--org" in bad.stderr

@@ -6,27 +6,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('accounts', '0001_initial'),
-        ('tenancy', '0001_initial'),
+        ("accounts", "0001_initial"),
+        ("tenancy", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apitoken',
-            name='organization',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='tenancy.organization'),
+            model_name="apitoken",
+            name="organization",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="tokens",
+                to="tenancy.organization",
+            ),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='user',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to=settings.AUTH_USER_MODEL),
+            model_name="apitoken",
+            name="user",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="tokens",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddIndex(
-            model_name='apitoken',
-            index=models.Index(fields=['organization', 'public_id'], name='accounts_ap_organiz_a3ceea_idx'),
+            model_name="apitoken",
+            index=models.Index(
+                fields=["organization", "public_id"], name="accounts_ap_organiz_a3ceea_idx"
+            ),
         ),
     ]

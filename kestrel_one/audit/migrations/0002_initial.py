@@ -5,35 +5,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('audit', '0001_initial'),
-        ('tenancy', '0001_initial'),
+        ("audit", "0001_initial"),
+        ("tenancy", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='auditchain',
-            name='organization',
-            field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='audit_chain', to='tenancy.organization'),
+            model_name="auditchain",
+            name="organization",
+            field=models.OneToOneField(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="audit_chain",
+                to="tenancy.organization",
+            ),
         ),
         migrations.AddField(
-            model_name='auditrecord',
-            name='organization',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='audit_records', to='tenancy.organization'),
+            model_name="auditrecord",
+            name="organization",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="audit_records",
+                to="tenancy.organization",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditrecord',
-            index=models.Index(fields=['organization', 'action'], name='audit_audit_organiz_568688_idx'),
+            model_name="auditrecord",
+            index=models.Index(
+                fields=["organization", "action"], name="audit_audit_organiz_568688_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditrecord',
-            index=models.Index(fields=['organization', 'created_at'], name='audit_audit_organiz_7e1997_idx'),
+            model_name="auditrecord",
+            index=models.Index(
+                fields=["organization", "created_at"], name="audit_audit_organiz_7e1997_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='auditrecord',
-            constraint=models.UniqueConstraint(fields=('organization', 'sequence'), name='audit_sequence_per_org'),
+            model_name="auditrecord",
+            constraint=models.UniqueConstraint(
+                fields=("organization", "sequence"), name="audit_sequence_per_org"
+            ),
         ),
     ]

@@ -5,15 +5,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tenancy', '0001_initial'),
+        ("tenancy", "0001_initial"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='project',
-            name='environment',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.RESTRICT, related_name='projects', to='tenancy.environment'),
+            model_name="project",
+            name="environment",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.RESTRICT,
+                related_name="projects",
+                to="tenancy.environment",
+            ),
         ),
     ]

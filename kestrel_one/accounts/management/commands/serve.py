@@ -30,14 +30,20 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
         parser.add_argument(
-            "--port", type=int, default=int(os.environ.get("PORT", "8000")),
+            "--port",
+            type=int,
+            default=int(os.environ.get("PORT", "8000")),
             help="port to listen on (default: $PORT or 8000)",
         )
         parser.add_argument("--workers", type=int, default=2, help="web worker processes")
         parser.add_argument("--threads", type=int, default=8, help="threads per web worker")
 
     def handle(self, *args, host, port, workers, threads, **options):
-        if settings.SINGLE_HOST and not binds_loopback_only(host) and not settings.KESTREL_SERVER_TOKEN:
+        if (
+            settings.SINGLE_HOST
+            and not binds_loopback_only(host)
+            and not settings.KESTREL_SERVER_TOKEN
+        ):
             raise CommandError(
                 f"Refusing to listen on {host}: in single-host mode a non-loopback address needs "
                 "KESTREL_SERVER_TOKEN, so that callers from other machines must present it."

@@ -1,0 +1,46 @@
+# Kestrel One. Two commands matter: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+
+.PHONY: run test install lint check-migrations docker-ready images bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+## The single-host service on 127.0.0.1:8000 (PORT to change): SQLite under ./var,
+## sandbox backend auto-detected. Prints how to sign in on the first run.
+run: install
+	KESTREL_MODE=$${KESTREL_MODE:-single-host} $(BIN)/python manage.py serve --port $${PORT:-8000}
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+check-migrations: install
+	DJANGO_SETTINGS_MODULE=kestrel_one.settings_test $(BIN)/python manage.py makemigrations --check --dry-run
+
+## A Docker engine and the locally built tool image (no registry needed).
+docker-ready:
+	bash deploy/scripts/ensure-docker.sh
+
+images: docker-ready
+	bash deploy/images/tool-runtime/build.sh
+
+## Everything, against real PostgreSQL, Redis and Docker. Fails (never skips) when one is missing.
+test: install lint check-migrations images
+	$(BIN)/pytest
+
+bench: install images
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
