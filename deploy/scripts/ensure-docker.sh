@@ -28,8 +28,9 @@ if ! command -v dockerd >/dev/null 2>&1; then
 fi
 
 # Another start may be on its way (a concurrent run of this script): only start dockerd
-# when no daemon process exists, then wait for whichever one is coming up.
-if ! pgrep -x dockerd >/dev/null 2>&1; then
+# when no daemon process exists, then wait for whichever one is coming up. pidof comes
+# with every Debian (sysvinit-utils is essential); procps may be absent.
+if ! pidof dockerd >/dev/null 2>&1; then
   [ "$(id -u)" -eq 0 ] || fail "dockerd is not running and starting it needs root"
   echo "ensure-docker: starting dockerd (log: $DOCKERD_LOG)" >&2
   nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &

@@ -16,6 +16,7 @@ from other deaths, so ``oom_killed`` is always false here. Use Docker where thos
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -132,7 +133,8 @@ class BubblewrapBackend(SandboxBackend):
             # bwrap's own process group. The command, PID 1 of its namespace, gets SIGKILL
             # when bwrap dies (--die-with-parent) and takes the whole namespace with it,
             # background children included.
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             collector.collect(_KILL_GRACE_S)
         returncode = process.wait(_KILL_GRACE_S)
         duration_ms = int((time.monotonic() - started) * 1000)

@@ -176,6 +176,7 @@ def test_missing_tools_make_backends_unavailable(monkeypatch):
         DockerBackend.from_environment()
 
 
+@pytest.mark.docker
 def test_tool_images_must_be_pinned_by_id(docker_backend):
     with pytest.raises(ValueError, match="pinned by id"):
         DockerBackend("kestrel/tool-runtime:latest", client=docker_backend.client)
