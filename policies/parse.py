@@ -81,7 +81,7 @@ def parse_policy(data: object) -> Policy:
         if "description" in data:
             description = reader.string(data["description"], "description", limit=_MAX_DESCRIPTION)
         capabilities = data.get("capabilities")
-        if reader.mapping(capabilities, "capabilities"):
+        if "capabilities" in data and reader.mapping(capabilities, "capabilities"):
             for name, raw in capabilities.items():
                 path = f"capabilities.{name}"
                 parse = _PARSERS.get(name)
