@@ -202,22 +202,24 @@ def test_widenings_name_each_place_as_written():
         }
     )
     found = {w.path: w.message for w in widenings(project, ENVIRONMENT, parent_label="environment")}
+    default = "(the platform default, as the document leaves it out)"
+    limits = "capabilities.shell.exec.limits"
     assert found == {
-        "capabilities.fs.write.paths[1]": "fs.write path 'etc/**' is not within the environment's ['out/**', 'src/**']",
+        "capabilities.fs.write.paths[1]": "fs.write path 'etc/**' is not within "
+        "the environment's ['out/**', 'src/**']",
         "capabilities.net.http.allow[1]": "net.http origin 'https://evil.example:443' is not in "
         "the environment's ['https://api.github.com:443']",
-        "capabilities.shell.exec.limits.timeout_s": "shell.exec timeout_s ceiling 90 is above the environment's 60",
-        "capabilities.shell.exec.limits.memory_mb": "shell.exec memory_mb ceiling 2048 (the platform default, "
-        "as the document leaves it out) is above the environment's 512",
-        "capabilities.shell.exec.limits.cpus": "shell.exec cpus ceiling 2 (the platform default, "
-        "as the document leaves it out) is above the environment's 1",
-        "capabilities.shell.exec.limits.pids": "shell.exec pids ceiling 256 (the platform default, "
-        "as the document leaves it out) is above the environment's 128",
-        "capabilities.shell.exec.limits.output_kb": "shell.exec output_kb ceiling 1024 (the platform default, "
-        "as the document leaves it out) is above the environment's 256",
-        "capabilities.mcp.call.servers.github.tools[1]": "mcp.call tool 'delete' on server 'github' is not in "
-        "the environment's ['merge', 'search']",
-        "capabilities.mcp.call.servers.jira": "mcp.call server 'jira' is not granted by the environment",
+        f"{limits}.timeout_s": "shell.exec timeout_s ceiling 90 is above the environment's 60",
+        f"{limits}.memory_mb": f"shell.exec memory_mb ceiling 2048 {default} "
+        "is above the environment's 512",
+        f"{limits}.cpus": f"shell.exec cpus ceiling 2 {default} is above the environment's 1",
+        f"{limits}.pids": f"shell.exec pids ceiling 256 {default} is above the environment's 128",
+        f"{limits}.output_kb": f"shell.exec output_kb ceiling 1024 {default} "
+        "is above the environment's 256",
+        "capabilities.mcp.call.servers.github.tools[1]": "mcp.call tool 'delete' on server "
+        "'github' is not in the environment's ['merge', 'search']",
+        "capabilities.mcp.call.servers.jira": "mcp.call server 'jira' is not granted "
+        "by the environment",
     }
 
 
