@@ -119,6 +119,7 @@ INSTALLED_APPS = [
     "kestrel_one.accounts",
     "kestrel_one.tenancy",
     "kestrel_one.audit",
+    "kestrel_one.governance",
     "kestrel_one.api",
 ]
 

@@ -10,7 +10,6 @@ validates again before it acts) read one definition.
 from __future__ import annotations
 
 import copy
-import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -101,7 +100,9 @@ def _path_request(capability: str) -> Callable[[Mapping[str, Any]], Request]:
 
 
 def _shell_request(args: Mapping[str, Any]) -> Request:
-    command = posixpath.basename(args["argv"][0]) if "argv" in args else "sh"
+    # argv[0] exactly as given: a basename would let "./git" (a file in the workspace) pass a
+    # rule written for "git" (the program on the sandbox's fixed PATH).
+    command = args["argv"][0] if "argv" in args else "sh"
     return Request(capability="shell.exec", command=command, limits=_limits(args))
 
 

@@ -18,6 +18,7 @@ from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.accounts.scopes import ROLE_SCOPES, Role
 from kestrel_one.accounts.services import token_create
+from kestrel_one.governance.services import policy_publish_environment
 from tests.factories import (
     EnvironmentFactory,
     MembershipFactory,
@@ -25,6 +26,17 @@ from tests.factories import (
     ProjectFactory,
     UserFactory,
 )
+
+# The acme production environment's ceiling in the shared world.
+ENVIRONMENT_POLICY = {
+    "capabilities": {
+        "fs.read": {"paths": ["**"]},
+        "fs.write": {"paths": ["src/**", "out/**"]},
+        "shell.exec": {"approval": "always", "limits": {"timeout_s": 60}},
+        "code.exec": {"limits": {"timeout_s": 30}},
+        "net.http": {"allow": ["https://api.github.com:443"]},
+    }
+}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -91,6 +103,9 @@ def world(db) -> World:
     org = OrganizationFactory(slug="acme", name="Acme Rockets")
     other_org = OrganizationFactory(slug="globex", name="Globex Secret Labs")
     environment = EnvironmentFactory(organization=org, name="production")
+    policy_publish_environment(
+        actor=system_principal("tests"), environment=environment, document=ENVIRONMENT_POLICY
+    )
     project = ProjectFactory(organization=org, environment=environment, name="launchpad")
     other_project = ProjectFactory(organization=org, environment=environment, name="hangar")
     foreign_environment = EnvironmentFactory(organization=other_org, name="globex-env")

@@ -78,6 +78,14 @@ class Environment(models.Model):
     )
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True, max_length=2000)
+    # The ceiling for every project in this environment; none means nothing is granted.
+    policy_version = models.ForeignKey(
+        "governance.PolicyVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -125,6 +133,14 @@ class Project(models.Model):
     environment = models.ForeignKey(Environment, on_delete=models.RESTRICT, related_name="projects")
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True, max_length=2000)
+    # The project's own narrowing of its environment; none means the environment's as is.
+    policy_version = models.ForeignKey(
+        "governance.PolicyVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

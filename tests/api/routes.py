@@ -67,7 +67,13 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:environment-detail": {"env": lambda w: w.empty_environment.public_id},
     "api:project-list": {},
     "api:project-detail": {"prj": lambda w: w.project.public_id},
+    "api:environment-policy": {"env": lambda w: w.environment.public_id},
+    "api:project-policy": {"prj": lambda w: w.project.public_id},
+    "api:project-effective-policy": {"prj": lambda w: w.project.public_id},
+    "api:project-explain": {"prj": lambda w: w.project.public_id},
 }
+
+READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}
 
 # A valid body for each write, so that a caller allowed to write would succeed.
 BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
@@ -81,11 +87,17 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
         "environment": w.environment.public_id,
     },
     ("api:project-detail", "patch"): lambda w: {"description": "changed"},
+    ("api:environment-policy", "put"): lambda w: READ_ONLY_POLICY,
+    ("api:project-policy", "put"): lambda w: READ_ONLY_POLICY,
+    ("api:project-explain", "post"): lambda w: {"tool": "fs.read", "args": {"path": "README.md"}},
 }
 
 # Routes whose writes are self-service: any member (viewers included) may act on their own
 # objects. Token creation is one: a viewer needs a read token to use the API at all.
 SELF_SERVICE = {("api:token-list", "post"), ("api:token-detail", "delete")}
+
+# POSTs that only ask a question and change nothing (the walker checks they change nothing).
+QUERIES = {("api:project-explain", "post")}
 
 # Deleting these would leave nothing to probe afterwards in the same walk, so the walker
 # rolls every write back; it still asserts the allowed caller got a 2xx first.

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from kestrel_one.accounts.scopes import ROLE_SCOPES
 from kestrel_one.api.base import OrgScopedViewSet
-from tests.api.routes import BODIES, KWARGS, SELF_SERVICE, org_scoped_routes
+from tests.api.routes import BODIES, KWARGS, QUERIES, SELF_SERVICE, org_scoped_routes
 
 # Objects a role may not see even inside its organization (a member sees only own tokens).
 HIDDEN_FROM = {"api:token-detail": {"member", "limited"}}
@@ -88,7 +88,7 @@ def expected_for(route, method: str, actor_name: str, world) -> str:
     if (
         method in WRITE_METHODS
         and actor_name == "viewer"
-        and (route.name, method) not in SELF_SERVICE
+        and (route.name, method) not in SELF_SERVICE | QUERIES
     ):
         pytest.fail(f"{route.name} {method}: a viewer may write here; is that intended?")
     return "2xx"
@@ -142,6 +142,8 @@ def test_every_org_route_refuses_outsiders_like_missing_objects(world, capsys):
                 status = response.status_code
                 if expected == "2xx":
                     assert 200 <= status < 300, f"{where}: {status} {response.content[:300]}"
+                    if (route.name, method) in QUERIES:
+                        assert before == after, f"{where}: a query changed the database"
                     continue
                 assert status == int(expected), f"{where}: {status} {response.content[:300]}"
                 assert before == after, f"{where}: a refused request changed the database"

@@ -71,8 +71,10 @@ def test_every_schema_is_closed():
         (
             "shell.exec",
             {"argv": ["/usr/bin/git", "status"], "timeout_s": 30},
-            Request("shell.exec", command="git", limits={"timeout_s": 30.0}),
+            Request("shell.exec", command="/usr/bin/git", limits={"timeout_s": 30.0}),
         ),
+        # A program in the workspace is not the program a "git" rule names.
+        ("shell.exec", {"argv": ["./git"]}, Request("shell.exec", command="./git")),
         ("shell.exec", {"script": "ls | wc -l"}, Request("shell.exec", command="sh")),
         (
             "code.python",

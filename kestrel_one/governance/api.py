@@ -1,0 +1,206 @@
+"""HTTP endpoints for policies: publish, read, effective policy, explain, tool inventory."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
+from kestrel_one.api.serializers import StrictSerializer
+from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.governance import selectors, services
+from kestrel_one.tenancy.models import Environment
+from policies import decide, render_decision
+from runners.errors import InvalidArguments, UnknownTool
+from runners.registry import TOOLS, get_tool, validate_args
+
+READ, ADMIN = "org:read", "org:admin"
+
+
+def version_body(version, *, fallback_document: dict) -> dict:
+    if version is None:
+        return {
+            "version": None,
+            "sha256": None,
+            "document": fallback_document,
+            "created_at": None,
+            "created_by": None,
+        }
+    return {
+        "version": version.public_id,
+        "sha256": version.sha256,
+        "document": version.document,
+        "created_at": version.created_at,
+        "created_by": version.created_by,
+    }
+
+
+# The body is a policy document (docs/policy.md), parsed by the strict policy parser.
+POLICY_DOCUMENT = OpenApiTypes.OBJECT
+
+
+class EnvironmentPolicyViewSet(OrgScopedViewSet):
+    """The environment's ceiling. With no version published, nothing is granted."""
+
+    scope_map = {"GET": READ, "PUT": ADMIN}
+    queryset = Environment.objects.none()
+    lookup_url_kwarg = "env"
+
+    def restrict(self, queryset):
+        return queryset.select_related("policy_version")
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def retrieve(self, request, *args, **kwargs):
+        environment = self.get_object()
+        body = version_body(environment.policy_version, fallback_document={"capabilities": {}})
+        body["projects_exceeding"] = self._projects_exceeding(environment)
+        return Response(body)
+
+    @extend_schema(request=POLICY_DOCUMENT, responses={200: OpenApiTypes.OBJECT})
+    def update(self, request, *args, **kwargs):
+        environment = self.get_object()
+        version = services.policy_publish_environment(
+            actor=self.principal, environment=environment, document=request.body
+        )
+        body = version_body(version, fallback_document={})
+        body["projects_exceeding"] = self._projects_exceeding(environment)
+        return Response(body)
+
+    def _projects_exceeding(self, environment) -> list[dict]:
+        """Projects whose stored policy is now wider than this ceiling (they are narrowed
+        anyway: the effective policy always meets the environment)."""
+        exceeding = []
+        for project in environment.projects.select_related(
+            "policy_version", "environment__policy_version"
+        ):
+            found = selectors.project_exceeds(project)
+            if found:
+                exceeding.append(
+                    {
+                        "project": project.public_id,
+                        "widenings": [{"path": w.path, "message": w.message} for w in found],
+                    }
+                )
+        return exceeding
+
+
+class ProjectPolicyViewSet(ProjectScopedViewSet):
+    """The project's own narrowing; without one the project uses its environment's policy."""
+
+    scope_map = {"GET": READ, "PUT": ADMIN}
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def retrieve(self, request, *args, **kwargs):
+        project = self.project
+        body = version_body(project.policy_version, fallback_document=None)
+        body["inherits_environment"] = project.policy_version is None
+        body["exceeds_environment"] = [
+            {"path": w.path, "message": w.message} for w in selectors.project_exceeds(project)
+        ]
+        return Response(body)
+
+    @extend_schema(request=POLICY_DOCUMENT, responses={200: OpenApiTypes.OBJECT})
+    def update(self, request, *args, **kwargs):
+        version = services.policy_publish_project(
+            actor=self.principal, project=self.project, document=request.body
+        )
+        body = version_body(version, fallback_document={})
+        body["inherits_environment"] = False
+        body["exceeds_environment"] = []
+        return Response(body)
+
+
+class EffectivePolicyViewSet(ProjectScopedViewSet):
+    scope_map = {"GET": "projects:read"}
+
+    @extend_schema(
+        parameters=[OpenApiParameter("mode", str, enum=["agent", "plan", "ask", "auto"])],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def retrieve(self, request, *args, **kwargs):
+        mode = selectors.parse_mode(request.query_params.get("mode"))
+        effective = selectors.effective_policy(
+            project=self.project, principal=self.principal, mode=mode
+        )
+        return Response(effective.describe())
+
+
+class ExplainSerializer(StrictSerializer):
+    tool = serializers.CharField(max_length=100)
+    args = serializers.JSONField()
+    mode = serializers.CharField(max_length=16, required=False)
+
+
+def tool_request(tool_name: str, args):
+    """Validate a tool call and return (tool, canonical args, policy request); 400 names the
+    field that is wrong."""
+    try:
+        tool = get_tool(tool_name)
+    except UnknownTool:
+        raise ValidationFailed(
+            f"Unknown tool {tool_name!r}; GET /api/v1/tools lists the tools.",
+            details={"tool": ["unknown"]},
+        ) from None
+    try:
+        canonical = validate_args(tool.name, args)
+    except InvalidArguments as exc:
+        raise ValidationFailed(str(exc), details={exc.field: [exc.reason]}) from None
+    return tool, canonical, tool.capability_request(canonical)
+
+
+class ExplainViewSet(ProjectScopedViewSet):
+    """Would this call be allowed, and why? Explaining never executes anything."""
+
+    scope_map = {"POST": "projects:read"}
+
+    @extend_schema(request=ExplainSerializer, responses={200: OpenApiTypes.OBJECT})
+    def create(self, request, *args, **kwargs):
+        data = ExplainSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        mode = selectors.parse_mode(values.get("mode"))
+        tool, _, policy_request = tool_request(values["tool"], values["args"])
+        effective = selectors.effective_policy(
+            project=self.project, principal=self.principal, mode=mode
+        )
+        decision = decide(effective.policy, policy_request, version=effective.version)
+        return Response(
+            {
+                "tool": tool.name,
+                "mode": mode.value,
+                "decision": decision.outcome,
+                "capability": decision.capability,
+                "reasons": list(decision.reasons),
+                "limits": dict(decision.limits),
+                "policy_version": decision.policy_version,
+                "versions": {
+                    "environment": effective.environment_version,
+                    "project": effective.project_version,
+                },
+                "explanation": render_decision(decision),
+            }
+        )
+
+
+class ToolInventoryView(APIView):
+    """The runtime inventory: every registered tool, the capability it needs, its schema."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request):
+        return Response(
+            {
+                "tools": [
+                    {
+                        "name": spec.name,
+                        "capability": spec.capability,
+                        "summary": spec.summary,
+                        "idempotent": spec.idempotent,
+                        "input_schema": spec.input_schema,
+                    }
+                    for spec in sorted(TOOLS.values(), key=lambda s: s.name)
+                ]
+            }
+        )

@@ -1,0 +1,58 @@
+"""Published policy documents: immutable, content-hashed versions."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from kestrel_one.common.ids import PublicIdField
+
+
+class PolicyVersion(models.Model):
+    """One published policy document of an environment or a project; never changed after."""
+
+    public_id = PublicIdField("pol")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="policy_versions"
+    )
+    environment = models.ForeignKey(
+        "tenancy.Environment",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_versions",
+    )
+    project = models.ForeignKey(
+        "tenancy.Project",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_versions",
+    )
+    # The canonical document (policies.Policy.to_document()) and the SHA-256 of its
+    # canonical JSON, which is what decisions and receipts record.
+    document = models.JSONField()
+    sha256 = models.CharField(max_length=64)
+    previous = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(environment__isnull=False) & Q(project__isnull=True))
+                | (Q(environment__isnull=True) & Q(project__isnull=False)),
+                name="policy_version_has_one_owner",
+            )
+        ]
+        indexes = [models.Index(fields=["organization", "public_id"])]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.sha256[:12]})"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("policy versions are immutable; publish a new version instead")
+        super().save(*args, **kwargs)

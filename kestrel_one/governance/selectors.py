@@ -1,0 +1,136 @@
+"""Reading policy: the stored versions and the effective policy of one request.
+
+Effective policy = Environment ∩ Project ∩ surface ∩ mode ∩ token scope, computed from the
+current versions on every call. Parsed documents are cached by content hash only: a version
+is immutable, so the cache can never keep an old width alive (POL-3).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.governance.models import PolicyVersion
+from policies import (
+    CAPABILITY_NAMES,
+    Mode,
+    Policy,
+    meet_all,
+    mode_mask,
+    parse_policy,
+    widenings,
+)
+
+# Each surface a request can come through masks what it may use. The API is the only
+# surface so far; the console and MCP surfaces will bring masks of their own.
+SURFACE_MASKS: dict[str, Policy] = {
+    "api": Policy.allowing(CAPABILITY_NAMES),
+}
+
+EMPTY_POLICY = Policy.deny_all()
+
+
+@lru_cache(maxsize=1024)
+def _parsed(sha256: str, document_json: str) -> Policy:
+    return parse_policy(json.loads(document_json))
+
+
+def policy_of(version: PolicyVersion | None) -> Policy | None:
+    if version is None:
+        return None
+    return _parsed(version.sha256, json.dumps(version.document, sort_keys=True))
+
+
+def environment_ceiling(environment) -> Policy:
+    """The environment's current policy; an environment without one grants nothing."""
+    return policy_of(environment.policy_version) or EMPTY_POLICY
+
+
+def project_exceeds(project) -> list:
+    """Where the project's stored policy is now wider than its environment's ceiling."""
+    own = policy_of(project.policy_version)
+    if own is None:
+        return []
+    return widenings(own, environment_ceiling(project.environment), parent_label="environment")
+
+
+def token_mask(principal, organization) -> Policy:
+    """What the caller's token scope lets a request use: executing tools needs projects:write."""
+    scopes = principal.scopes_in(organization)
+    if "projects:write" in scopes:
+        return Policy.allowing(CAPABILITY_NAMES)
+    return EMPTY_POLICY
+
+
+def parse_mode(value: str | None, *, field: str = "mode") -> Mode:
+    try:
+        return Mode(value or Mode.AGENT.value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in Mode)
+        raise ValidationFailed(
+            f"Unknown mode {value!r}; use one of {allowed}.", details={field: [f"one of {allowed}"]}
+        ) from None
+
+
+@dataclass(frozen=True)
+class EffectivePolicy:
+    """The policy one request may use, and the versions it was computed from."""
+
+    policy: Policy
+    mode: Mode
+    surface: str
+    environment_version: str | None
+    project_version: str | None
+
+    @property
+    def version(self) -> str:
+        """The identity decisions record: both versions, the mode and the surface."""
+        return (
+            f"env:{self.environment_version or 'none'}"
+            f"+prj:{self.project_version or 'inherit'}"
+            f"+mode:{self.mode}+surface:{self.surface}"
+        )
+
+    def describe(self) -> dict:
+        return {
+            "mode": self.mode.value,
+            "surface": self.surface,
+            "versions": {
+                "environment": self.environment_version,
+                "project": self.project_version,
+            },
+            "version": self.version,
+            "document": self.policy.to_document(),
+            "sha256": self.policy.sha256(),
+        }
+
+
+def effective_policy(*, project, principal, mode: Mode, surface: str = "api") -> EffectivePolicy:
+    if surface not in SURFACE_MASKS:
+        raise ValidationFailed(f"Unknown surface {surface!r}.", details={"surface": ["unknown"]})
+    environment = project.environment
+    # The current versions are read on every call; only parsed documents are cached, keyed by
+    # their content hash.
+    env_version = (
+        PolicyVersion.objects.filter(pk=environment.policy_version_id).first()
+        if environment.policy_version_id
+        else None
+    )
+    prj_version = (
+        PolicyVersion.objects.filter(pk=project.policy_version_id).first()
+        if project.policy_version_id
+        else None
+    )
+    layers = [policy_of(env_version) or EMPTY_POLICY]
+    if prj_version is not None:
+        layers.append(policy_of(prj_version))
+    layers += [SURFACE_MASKS[surface], mode_mask(mode), token_mask(principal, project.organization)]
+    return EffectivePolicy(
+        policy=meet_all(*layers),
+        mode=mode,
+        surface=surface,
+        environment_version=env_version.public_id if env_version else None,
+        project_version=prj_version.public_id if prj_version else None,
+    )
