@@ -1,0 +1,203 @@
+"""Per-call state in Redis that makes a call id single use across every runner of a pool.
+
+Celery with ``acks_late`` delivers a command *at least* once: after a worker dies, the
+broker hands the same message to another worker, and anyone with broker access could push
+a copy. What makes that safe is two keys per call id (the command's ``jti``):
+
+- ``kestrel:call:<jti>``, a *lease*: who claimed the call (with ``SET NX``, so exactly one
+  worker wins), for which command token (its digest), when it was first accepted, and
+  ``lease_until``, pushed forward by a heartbeat while the tool runs. A lease whose
+  ``lease_until`` has passed belongs to a worker that died mid-call.
+- ``kestrel:result:<jti>``, the signed *finished* report, stored before it is sent, so a
+  redelivered command gets the same report again instead of a second run.
+
+Both are kept for ``RETENTION_SECONDS`` (7 days), far longer than a command may live, so a
+replay always finds them. Leases compare wall clocks across hosts; keep runners on NTP.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import redis
+
+__all__ = [
+    "HEARTBEAT_SECONDS",
+    "LEASE_SECONDS",
+    "RETENTION_SECONDS",
+    "CallState",
+    "Lease",
+    "LeaseKeeper",
+]
+
+# A live worker refreshes its lease every HEARTBEAT_SECONDS; a lease not refreshed for
+# LEASE_SECONDS is dead. LEASE_SECONDS must stay well below the Celery visibility margin
+# (60 s, see runners.worker), so that a command redelivered after a crash finds the dead
+# worker's lease already expired and is recovered rather than dropped.
+HEARTBEAT_SECONDS = 2.0
+LEASE_SECONDS = 15.0
+RETENTION_SECONDS = 7 * 24 * 3600
+
+_CALL_KEY = "kestrel:call:{}"
+_RESULT_KEY = "kestrel:result:{}"
+
+# Replace the value only if it is still exactly what the caller last saw: a heartbeat or a
+# take-over can never overwrite a lease that someone else has since claimed.
+_COMPARE_AND_SET = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One worker's claim on a call, as stored under ``kestrel:call:<jti>``."""
+
+    call_id: str
+    holder: str  # unique per claim: "<worker>#<random>"
+    worker: str
+    attempt: int
+    command_digest: str
+    accepted_at: float  # when a runner first accepted this call; survives take-overs
+    lease_until: float
+
+    def expired(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) >= self.lease_until
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, value: bytes | str) -> Lease:
+        return cls(**json.loads(value))
+
+
+class CallState:
+    """Claims, leases and stored results for call ids, shared by all workers of a pool."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        worker: str,
+        lease_seconds: float = LEASE_SECONDS,
+        retention_seconds: int = RETENTION_SECONDS,
+    ) -> None:
+        self.client = client
+        self.worker = worker
+        self.lease_seconds = lease_seconds
+        self.retention_seconds = retention_seconds
+        self._compare_and_set = client.register_script(_COMPARE_AND_SET)
+
+    def lease(self, call_id: str) -> Lease | None:
+        """The current lease on ``call_id``, live or expired, if anyone ever claimed it."""
+        value = self.client.get(_CALL_KEY.format(call_id))
+        return None if value is None else Lease.decode(value)
+
+    def stored_result(self, call_id: str) -> str | None:
+        """The signed finished report of ``call_id``, if the call already ended."""
+        value = self.client.get(_RESULT_KEY.format(call_id))
+        return None if value is None else value.decode("ascii")
+
+    def claim(self, call_id: str, *, attempt: int, command_digest: str) -> Lease | None:
+        """Claim a call nobody has claimed yet; None when someone has (``SET NX``)."""
+        now = time.time()
+        lease = Lease(
+            call_id=call_id,
+            holder=self._new_holder(),
+            worker=self.worker,
+            attempt=attempt,
+            command_digest=command_digest,
+            accepted_at=now,
+            lease_until=now + self.lease_seconds,
+        )
+        claimed = self.client.set(
+            _CALL_KEY.format(call_id), lease.encode(), nx=True, ex=self.retention_seconds
+        )
+        return lease if claimed else None
+
+    def take_over(self, stale: Lease, *, attempt: int, command_digest: str) -> Lease | None:
+        """Replace the expired lease ``stale`` with our own; None if it changed meanwhile."""
+        now = time.time()
+        lease = replace(
+            stale,
+            holder=self._new_holder(),
+            worker=self.worker,
+            attempt=attempt,
+            command_digest=command_digest,
+            lease_until=now + self.lease_seconds,
+        )
+        return lease if self._swap(stale, lease) else None
+
+    def heartbeat(self, lease: Lease) -> Lease | None:
+        """Push ``lease`` forward; None if it is no longer ours (it was taken over)."""
+        renewed = replace(lease, lease_until=time.time() + self.lease_seconds)
+        return renewed if self._swap(lease, renewed) else None
+
+    def store_result(self, call_id: str, token: str) -> str:
+        """Keep the finished report and return the one kept: the first stored wins.
+
+        From then on every delivery of the call gets that same report back. Only a worker
+        that stalled past its lease (and was taken over) can arrive second; its report is
+        discarded so the call still has exactly one.
+        """
+        key = _RESULT_KEY.format(call_id)
+        if self.client.set(key, token, nx=True, ex=self.retention_seconds):
+            return token
+        return self.stored_result(call_id) or token
+
+    def _swap(self, expected: Lease, new: Lease) -> bool:
+        key = _CALL_KEY.format(expected.call_id)
+        args = [expected.encode(), new.encode(), self.retention_seconds]
+        return bool(self._compare_and_set(keys=[key], args=args))
+
+    def _new_holder(self) -> str:
+        return f"{self.worker}#{uuid.uuid4().hex[:12]}"
+
+
+class LeaseKeeper:
+    """Refreshes a lease from a background thread while the call runs (context manager).
+
+    The tool runs in the foreground and may block for minutes inside Docker; the heartbeat
+    must not depend on it. If the lease is lost (only possible after a long stall, when
+    another worker took it over) the keeper stops and says so through ``lost``.
+    """
+
+    def __init__(
+        self, state: CallState, lease: Lease, *, interval: float = HEARTBEAT_SECONDS
+    ) -> None:
+        self.state = state
+        self.lease = lease
+        self.interval = interval
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat, name=f"lease-{lease.call_id}", daemon=True
+        )
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                renewed = self.state.heartbeat(self.lease)
+            except redis.RedisError:
+                continue  # try again next beat; the lease has LEASE_SECONDS of slack
+            if renewed is None:
+                self.lost = True
+                return
+            self.lease = renewed

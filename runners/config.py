@@ -1,0 +1,156 @@
+"""Runner configuration, read only from the environment (RUN-7).
+
+A runner is given its identity, its own private key, the control plane's public key, the
+broker and where to keep call state, and nothing else: no database URL, no provider
+secret. A missing or unsafe value stops the runner with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from runners.protocol import load_private_key, load_public_key
+
+__all__ = ["SANDBOX_CHOICES", "RunnerConfig", "RunnerConfigError"]
+
+SANDBOX_CHOICES = ("auto", "docker", "bubblewrap")
+DEFAULT_MAX_CALL_SECONDS = 600
+
+_RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
+_POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class RunnerConfigError(Exception):
+    """The runner's environment is incomplete or unsafe; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Everything a runner process needs, validated."""
+
+    runner_id: str
+    pool: str
+    key_file: Path
+    control_public_key_file: Path
+    broker_url: str
+    state_url: str
+    workspace_root: Path
+    sandbox: str = "auto"
+    max_call_seconds: int = DEFAULT_MAX_CALL_SECONDS
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue (and command audience) this runner serves."""
+        return f"runner.{self.pool}"
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> RunnerConfig:
+        env = os.environ if environ is None else environ
+
+        def required(name: str) -> str:
+            value = env.get(name, "").strip()
+            if not value:
+                raise RunnerConfigError(f"{name} is required and not set")
+            return value
+
+        runner_id = required("KESTREL_RUNNER_ID")
+        if not _RUNNER_ID.fullmatch(runner_id):
+            raise RunnerConfigError(
+                f"KESTREL_RUNNER_ID must be the enrolled runner id (run_...), got {runner_id!r}"
+            )
+        pool = required("KESTREL_RUNNER_POOL")
+        if not _POOL.fullmatch(pool):
+            raise RunnerConfigError(
+                f"KESTREL_RUNNER_POOL must be letters, digits, '_', '-' or '.', got {pool!r}"
+            )
+        broker_url = required("KESTREL_BROKER_URL")
+        state_url = env.get("KESTREL_RUNNER_STATE_URL", "").strip()
+        if not state_url:
+            if not _is_redis_url(broker_url):
+                raise RunnerConfigError(
+                    "KESTREL_RUNNER_STATE_URL is required when KESTREL_BROKER_URL is not "
+                    "a redis:// URL (call state lives in Redis)"
+                )
+            state_url = broker_url
+        if not _is_redis_url(state_url):
+            raise RunnerConfigError("KESTREL_RUNNER_STATE_URL must be a redis:// URL")
+        sandbox = env.get("KESTREL_SANDBOX", "auto").strip() or "auto"
+        if sandbox not in SANDBOX_CHOICES:
+            raise RunnerConfigError(
+                f"KESTREL_SANDBOX must be one of {', '.join(SANDBOX_CHOICES)}, got {sandbox!r}"
+            )
+        max_call = env.get("KESTREL_MAX_CALL_SECONDS", str(DEFAULT_MAX_CALL_SECONDS)).strip()
+        if not max_call.isdigit() or int(max_call) < 1:
+            raise RunnerConfigError(
+                f"KESTREL_MAX_CALL_SECONDS must be a positive whole number, got {max_call!r}"
+            )
+        workspace_root = Path(required("KESTREL_WORKSPACE_ROOT"))
+        if not workspace_root.is_dir():
+            raise RunnerConfigError(
+                f"KESTREL_WORKSPACE_ROOT {str(workspace_root)!r} is not an existing directory"
+            )
+        config = cls(
+            runner_id=runner_id,
+            pool=pool,
+            key_file=Path(required("KESTREL_RUNNER_KEY_FILE")),
+            control_public_key_file=Path(required("KESTREL_CONTROL_PUBLIC_KEY_FILE")),
+            broker_url=broker_url,
+            state_url=state_url,
+            workspace_root=workspace_root,
+            sandbox=sandbox,
+            max_call_seconds=int(max_call),
+        )
+        # Read both keys now so that a bad file stops the runner at start, not at a call.
+        config.private_key()
+        config.control_public_key()
+        return config
+
+    def private_key(self) -> Ed25519PrivateKey:
+        """The runner's own signing key; refused if anyone but its owner could read it."""
+        try:
+            mode = self.key_file.stat().st_mode
+        except OSError as error:
+            raise RunnerConfigError(
+                f"KESTREL_RUNNER_KEY_FILE {str(self.key_file)!r} cannot be read: {error.strerror}"
+            ) from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise RunnerConfigError(
+                f"KESTREL_RUNNER_KEY_FILE {str(self.key_file)!r} is readable by group or "
+                f"others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
+            )
+        try:
+            return load_private_key(self.key_file.read_bytes())
+        except (ValueError, TypeError) as error:
+            raise RunnerConfigError(
+                f"KESTREL_RUNNER_KEY_FILE {str(self.key_file)!r} is not an Ed25519 private key "
+                f"PEM ({error})"
+            ) from None
+
+    def control_public_key(self) -> Ed25519PublicKey:
+        """The key every command must be signed with."""
+        try:
+            return load_public_key(self.control_public_key_file.read_bytes())
+        except OSError as error:
+            raise RunnerConfigError(
+                f"KESTREL_CONTROL_PUBLIC_KEY_FILE {str(self.control_public_key_file)!r} "
+                f"cannot be read: {error.strerror}"
+            ) from None
+        except (ValueError, TypeError) as error:
+            raise RunnerConfigError(
+                f"KESTREL_CONTROL_PUBLIC_KEY_FILE {str(self.control_public_key_file)!r} is "
+                f"not an Ed25519 public key PEM ({error})"
+            ) from None
+
+
+def _is_redis_url(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://"))

@@ -1,0 +1,471 @@
+"""The runner process: a Celery worker that runs signed commands and reports signed results.
+
+Start it with ``python -m runners worker`` (which runs ``celery -A runners.worker worker
+-Q runner.<pool>``). Each message on the pool's queue is one command token; the task
+``runner.execute`` hands it to ``Runner.handle``, which:
+
+1. verifies the command (``runners.protocol.verify_command``) before it touches anything;
+   a refusal is logged as JSON and dropped, never run and never retried (RUN-1, RUN-2);
+2. makes the call id single use through ``runners.callstate`` (RUN-9):
+   a stored result is sent again; a live lease means another worker is running it, so
+   this copy is a duplicate and is dropped; an expired lease means that worker died
+   mid-call, so an idempotent tool runs again and any other tool ends ``runner_lost``;
+   otherwise the call is claimed;
+3. reports "started", runs the tool through ``runners.tools.execute`` (process tools only
+   inside a sandbox backend, never without), stores the signed "finished" report and
+   sends it to the control plane's ``control.ingest_result`` task on queue ``control``.
+
+Celery is set for no loss: ``acks_late`` and ``reject_on_worker_lost`` keep a message
+until its call ended, prefetch 1 keeps a dying worker from holding others' work, and the
+broker's visibility timeout outlasts the longest call so a running call is not handed out
+again while it runs. The runner has no result backend and no database (RUN-7).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import docker
+import docker.errors
+import kombu.exceptions
+import redis
+import requests.exceptions
+from celery import Celery
+from celery.exceptions import Reject
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from runners import tools
+from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
+from runners.config import RunnerConfig
+from runners.errors import RunnerError
+from runners.protocol import (
+    Command,
+    CommandRefused,
+    sign_result,
+    token_digest,
+    unverified_call_id,
+    verify_command,
+)
+from runners.registry import get_tool
+from runners.sandbox import ExecLimits, SandboxBackend, select_backend
+from runners.sandbox.docker import LABEL_PREFIX
+from runners.workspace import workspace_for
+
+__all__ = [
+    "EXECUTE_TASK",
+    "PROCESS_TOOLS",
+    "REPORT_QUEUE",
+    "REPORT_TASK",
+    "Disposition",
+    "Runner",
+    "app",
+    "celery_settings",
+    "execute_command",
+    "reap_orphan_containers",
+]
+
+EXECUTE_TASK = "runner.execute"
+REPORT_TASK = "control.ingest_result"
+REPORT_QUEUE = "control"
+
+# Tools that start a process and therefore need a sandbox backend; file tools act on the
+# host through runners.workspace and must keep working when no backend does.
+PROCESS_TOOLS = frozenset({"shell.exec", "code.python"})
+
+# The broker redelivers an unacknowledged message this long after the longest call could
+# have ended; it must exceed callstate.LEASE_SECONDS so a redelivered call finds a dead
+# worker's lease expired.
+VISIBILITY_MARGIN_SECONDS = 60
+# Celery kills a task this long after the longest call (the sandbox's own timeout should
+# have ended it first); the message is then requeued and recovered like any lost call.
+TIME_LIMIT_MARGIN_SECONDS = 30
+# How often the broker looks for messages whose worker died (kombu scans only every
+# interval x throttle seconds; its default throttle of 10 would mean every 100 s).
+RESTORE_INTERVAL_SECONDS = 10
+# Pause before handing a message back when Redis or the broker is unreachable.
+INFRASTRUCTURE_RETRY_PAUSE_SECONDS = 5
+
+log = logging.getLogger("kestrel.runner")
+
+
+class Disposition(enum.StrEnum):
+    """What the runner did with one delivery of a command."""
+
+    REFUSED = "refused"  # verification failed; nothing happened
+    RAN = "ran"  # claimed and ran the tool
+    RESENT = "resent"  # the call had ended; its stored result was sent again
+    REPLAYED = "replayed"  # another worker holds a live lease; this copy was dropped
+    RERAN = "reran"  # a dead worker's idempotent call was run again
+    LOST = "lost"  # a dead worker's non-idempotent call was ended runner_lost
+
+
+@dataclass
+class Runner:
+    """One runner process: its identity and keys, the shared call state, how it reports."""
+
+    config: RunnerConfig
+    private_key: Ed25519PrivateKey
+    control_public_key: Ed25519PublicKey
+    state: CallState
+    report: Callable[[str], None]
+    choose_backend: Callable[[str], SandboxBackend] = select_backend
+    reap_orphans: Callable[[str], int] = field(default=lambda call_id: 0)
+
+    # --- entry point ---------------------------------------------------------------
+
+    def handle(self, command_token: Any) -> Disposition:
+        """Deal with one delivery of a command token; see the module docstring."""
+        try:
+            command = self._verify(command_token)
+        except CommandRefused as refused:
+            self._log(
+                "command_refused",
+                level=logging.WARNING,
+                code=refused.code,
+                call_id=unverified_call_id(command_token),
+                call_id_verified=False,
+                message=refused.message,
+            )
+            return Disposition.REFUSED
+        return self._dispatch(command)
+
+    def _verify(self, token: Any) -> Command:
+        try:
+            return verify_command(
+                token, control_public_key=self.control_public_key, pool=self.config.pool
+            )
+        except CommandRefused as refused:
+            if refused.code != "expired":
+                raise
+            # A command redelivered after a crash arrives long after its ~2 minute expiry.
+            # If a runner of this pool accepted this very token in time (the lease records
+            # its digest), judge it as of that moment; any other expired token is refused.
+            call_id = unverified_call_id(token)
+            lease = self.state.lease(call_id) if call_id else None
+            if lease is None or lease.command_digest != token_digest(token):
+                raise
+            return verify_command(
+                token,
+                control_public_key=self.control_public_key,
+                pool=self.config.pool,
+                now=lease.accepted_at,
+            )
+
+    # --- single use of the call id ---------------------------------------------------
+
+    def _dispatch(self, command: Command) -> Disposition:
+        """Claim, recover, resend or drop, decided on the call's state in Redis.
+
+        A live lease is watched for a little while before the copy is dropped: if its
+        holder still beats, this is a duplicate; if the beats have stopped (a worker that
+        died moments ago and whose message was requeued at once), the lease runs out and
+        the call is recovered here instead of being lost.
+        """
+        watched: Lease | None = None
+        deadline = time.monotonic() + self.state.lease_seconds + 2 * HEARTBEAT_SECONDS
+        while True:
+            stored = self.state.stored_result(command.jti)
+            if stored is not None:
+                self._log("result_resent", call_id=command.jti, attempt=command.attempt)
+                self.report(stored)
+                return Disposition.RESENT
+            lease = self.state.claim(
+                command.jti, attempt=command.attempt, command_digest=command.command_digest
+            )
+            if lease is not None:
+                self._run(command, lease)
+                return Disposition.RAN
+            current = self.state.lease(command.jti)
+            if current is not None and current.expired():
+                taken = self.state.take_over(
+                    current, attempt=command.attempt, command_digest=command.command_digest
+                )
+                if taken is not None:
+                    return self._recover(command, taken)
+                continue
+            beating = (
+                watched is not None
+                and current is not None
+                and (current.holder, current.lease_until) != (watched.holder, watched.lease_until)
+            )
+            if beating or time.monotonic() > deadline:
+                self._log(
+                    "command_refused",
+                    level=logging.WARNING,
+                    code="replayed",
+                    call_id=command.jti,
+                    call_id_verified=True,
+                    message="another worker is running this call; this copy was dropped",
+                )
+                return Disposition.REPLAYED
+            watched = watched or current
+            time.sleep(0.25)
+
+    def _recover(self, command: Command, lease: Lease) -> Disposition:
+        """Finish a call whose previous worker died mid-run, without running it twice."""
+        # A dead worker's container may still be running the command; it must not have an
+        # effect after the call is reported, nor beside a second run.
+        reaped = self.reap_orphans(command.jti)
+        if get_tool(command.tool).idempotent:
+            self._log("call_rerun", call_id=command.jti, reaped_containers=reaped)
+            self._run(command, lease)
+            return Disposition.RERAN
+        self._log("call_lost", level=logging.WARNING, call_id=command.jti, reaped_containers=reaped)
+        error = {
+            "code": "runner_lost",
+            "message": (
+                "the runner stopped while running this call; the tool is not idempotent, "
+                "so it was not run again"
+            ),
+        }
+        token = self._finished(command, outcome="failed", result=None, error=error)
+        self.report(self._store(command, token))
+        return Disposition.LOST
+
+    # --- running ----------------------------------------------------------------------
+
+    def _run(self, command: Command, lease: Lease) -> None:
+        with LeaseKeeper(self.state, lease) as keeper:
+            started_at = _utc_now()
+            self._report_started(command, started_at)
+            outcome, result, error, sandbox = self._execute(command)
+            token = self._finished(
+                command,
+                outcome=outcome,
+                result=result,
+                error=error,
+                sandbox=sandbox,
+                started_at=started_at,
+            )
+            final = self._store(command, token)
+        if keeper.lost:
+            self._log("lease_lost", level=logging.WARNING, call_id=command.jti)
+        self._log("call_finished", call_id=command.jti, outcome=outcome, tool=command.tool)
+        self.report(final)
+
+    def _execute(
+        self, command: Command
+    ) -> tuple[str, dict[str, Any] | None, dict[str, str] | None, str | None]:
+        """Run the tool; every failure becomes a typed error, nothing escapes unsandboxed."""
+        backend: SandboxBackend | None = None
+        try:
+            workspace = workspace_for(self.config.workspace_root, command.prj)
+            if command.tool in PROCESS_TOOLS:
+                backend = self.choose_backend(self.config.sandbox)
+            result = tools.execute(
+                command.tool,
+                command.args,
+                workspace=workspace,
+                backend=backend,
+                limits=self._limits(command),
+                labels=self._labels(command),
+            )
+        except RunnerError as error:
+            outcome = ("failed", None, {"code": error.code, "message": str(error)})
+            return (*outcome, backend.name if backend else None)
+        except Exception:
+            log.exception("tool %s crashed in call %s", command.tool, command.jti)
+            error_body = {"code": "internal_error", "message": "the runner failed unexpectedly"}
+            return "failed", None, error_body, backend.name if backend else None
+        return "succeeded", result, None, backend.name if backend else None
+
+    def _limits(self, command: Command) -> ExecLimits:
+        limits = dict(command.limits)
+        # The runner's own ceiling: past it the broker would hand the message out again.
+        limits["timeout_s"] = min(limits["timeout_s"], self.config.max_call_seconds)
+        return ExecLimits(**limits)
+
+    def _labels(self, command: Command) -> dict[str, str]:
+        labels = {"call": command.jti, "project": command.prj, "runner": self.config.runner_id}
+        if command.thr is not None:
+            labels["thread"] = command.thr
+        return labels
+
+    # --- reports ----------------------------------------------------------------------
+
+    def _report_started(self, command: Command, started_at: str) -> None:
+        token = self._sign(
+            command,
+            event="started",
+            outcome=None,
+            result=None,
+            error=None,
+            sandbox=None,
+            started_at=started_at,
+            finished_at=None,
+        )
+        try:
+            self.report(token)
+        except kombu.exceptions.OperationalError:
+            # "started" is informational; the finished report is what must arrive.
+            log.warning("could not send the started report of call %s", command.jti)
+
+    def _finished(
+        self,
+        command: Command,
+        *,
+        outcome: str,
+        result: dict[str, Any] | None,
+        error: dict[str, str] | None,
+        sandbox: str | None = None,
+        started_at: str | None = None,
+    ) -> str:
+        return self._sign(
+            command,
+            event="finished",
+            outcome=outcome,
+            result=result,
+            error=error,
+            sandbox=sandbox,
+            started_at=started_at,
+            finished_at=_utc_now(),
+        )
+
+    def _sign(self, command: Command, **claims: Any) -> str:
+        return sign_result(
+            {
+                "call_id": command.jti,
+                "command_digest": command.command_digest,
+                "attempt": command.attempt,
+                **claims,
+            },
+            self.private_key,
+            self.config.runner_id,
+        )
+
+    def _store(self, command: Command, token: str) -> str:
+        """Store the finished report; the first one stored for a call is the only one."""
+        return self.state.store_result(command.jti, token)
+
+    def _log(self, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
+        record = {"event": event, "runner": self.config.runner_id, **fields}
+        log.log(level, json.dumps(record, sort_keys=True, default=str))
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def reap_orphan_containers(call_id: str) -> int:
+    """Remove every container labelled with ``call_id``; how many there were.
+
+    When a worker is killed its container keeps running, unattended. Recovery removes it
+    before it reports the call lost or runs it again, so a lost call has no late effect.
+    """
+    try:
+        client = docker.from_env()
+    except docker.errors.DockerException:
+        return 0
+    try:
+        containers = client.containers.list(
+            all=True, filters={"label": f"{LABEL_PREFIX}call={call_id}"}
+        )
+        for container in containers:
+            container.remove(force=True)
+        return len(containers)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        log.warning("could not reap containers of call %s: %s", call_id, error)
+        return 0
+    finally:
+        client.close()
+
+
+# --- the Celery app ------------------------------------------------------------------
+
+
+def celery_settings(config: RunnerConfig) -> dict[str, Any]:
+    """The worker's Celery configuration: at-least-once delivery, JSON only, no backend."""
+    return {
+        "broker_url": config.broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {
+            "visibility_timeout": config.max_call_seconds + VISIBILITY_MARGIN_SECONDS,
+            "unacked_restore_interval": RESTORE_INTERVAL_SECONDS,
+            "unacked_restore_throttle": 1,
+        },
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": config.queue,
+        "task_time_limit": config.max_call_seconds + TIME_LIMIT_MARGIN_SECONDS,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+    }
+
+
+app = Celery("kestrel-runner", set_as_current=False)
+# Loaded when the worker first reads its configuration, not at import: tests and tools
+# import this module without a runner environment.
+app.add_defaults(lambda: celery_settings(RunnerConfig.from_environment()))
+
+_process_runner: tuple[int, Runner] | None = None
+_process_runner_lock = threading.Lock()
+
+
+def current_runner() -> Runner:
+    """This process's Runner, built from the environment once per process (after fork)."""
+    global _process_runner
+    with _process_runner_lock:
+        if _process_runner is None or _process_runner[0] != os.getpid():
+            config = RunnerConfig.from_environment()
+            client = redis.Redis.from_url(
+                config.state_url, socket_timeout=10, socket_connect_timeout=5
+            )
+            worker = f"{config.runner_id}/{socket.gethostname()}/{os.getpid()}"
+            runner = Runner(
+                config=config,
+                private_key=config.private_key(),
+                control_public_key=config.control_public_key(),
+                state=CallState(client, worker=worker),
+                report=send_report,
+                reap_orphans=(
+                    reap_orphan_containers
+                    if config.sandbox in ("auto", "docker")
+                    else (lambda call_id: 0)
+                ),
+            )
+            _process_runner = (os.getpid(), runner)
+        return _process_runner[1]
+
+
+def send_report(result_token: str) -> None:
+    """Send a signed report to the control plane, by task name (no shared code)."""
+    app.send_task(REPORT_TASK, args=[result_token], queue=REPORT_QUEUE)
+
+
+@app.task(
+    name=EXECUTE_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def execute_command(command_token: str) -> str:
+    """Run one signed command; refusals end here, infrastructure failures requeue it."""
+    try:
+        return current_runner().handle(command_token).value
+    except (redis.RedisError, kombu.exceptions.OperationalError) as error:
+        # Call state or the broker is unreachable: the call's fate is unknown here, so
+        # hand the message back; its state decides what the next delivery does.
+        log.error(
+            json.dumps({"event": "infrastructure_error", "error": str(error)[:500]}, sort_keys=True)
+        )
+        time.sleep(INFRASTRUCTURE_RETRY_PAUSE_SECONDS)
+        raise Reject(str(error), requeue=True) from None
