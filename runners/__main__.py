@@ -89,7 +89,8 @@ def _worker(concurrency: int, loglevel: str) -> int:
         "--without-heartbeat",
     ]
     sys.stdout.flush()
-    os.execv(sys.executable, argv)
+    # Replace this process, so signals (and a supervisor) reach Celery directly.
+    os.execv(sys.executable, argv)  # noqa: S606 - fixed argv, no shell
     return 0  # not reached
 
 

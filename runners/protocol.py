@@ -290,8 +290,9 @@ def sign_command(
     issued = int(time.time()) if now is None else int(now)
     payload = dict(claims)
     payload.setdefault("iat", issued)
-    payload.setdefault("nbf", payload["iat"])
-    payload.setdefault("exp", payload["iat"] + int(ttl))
+    base = payload["iat"] if _is_int(payload["iat"]) else issued
+    payload.setdefault("nbf", base)
+    payload.setdefault("exp", base + int(ttl))
     if "args" in payload:
         payload.setdefault("args_digest", digest(payload["args"]))
     return _sign(payload, private_key_pem, typ=COMMAND_TYP, kid=CONTROL_KID)
@@ -423,7 +424,8 @@ def sign_result(
     payload.setdefault("iss", runner_id)
     payload.setdefault("aud", RESULT_AUDIENCE)
     payload.setdefault("iat", issued)
-    payload.setdefault("exp", payload["iat"] + RESULT_LIFETIME_SECONDS)
+    base = payload["iat"] if _is_int(payload["iat"]) else issued
+    payload.setdefault("exp", base + RESULT_LIFETIME_SECONDS)
     payload.setdefault("jti", uuid.uuid4().hex)
     return _sign(payload, private_key_pem, typ=RESULT_TYP, kid=runner_id)
 
