@@ -120,6 +120,8 @@ INSTALLED_APPS = [
     "kestrel_one.tenancy",
     "kestrel_one.audit",
     "kestrel_one.governance",
+    "kestrel_one.threads",
+    "kestrel_one.execution",
     "kestrel_one.api",
 ]
 
@@ -242,10 +244,38 @@ SPECTACULAR_SETTINGS = {
 KESTREL_TOKEN_DEFAULT_TTL = timedelta(days=env_int("KESTREL_TOKEN_DEFAULT_DAYS", 90))
 KESTREL_TOKEN_MAX_TTL = timedelta(days=env_int("KESTREL_TOKEN_MAX_DAYS", 365))
 
+# Execution. The control plane signs commands with this Ed25519 key; runners hold only its
+# public half. Hosted mode names the file; single-host generates one in the data folder.
+KESTREL_SIGNING_KEY_FILE = Path(
+    env_str("KESTREL_SIGNING_KEY_FILE") or KESTREL_DATA_DIR / "control_signing_key.pem"
+)
+if HOSTED and not env_str("KESTREL_SIGNING_KEY_FILE"):
+    raise ImproperlyConfigured("KESTREL_MODE=hosted requires KESTREL_SIGNING_KEY_FILE to be set")
+KESTREL_DEFAULT_POOL = env_str("KESTREL_DEFAULT_POOL", "default")
+# How long a signed command stays valid for a runner to pick it up.
+KESTREL_COMMAND_TTL_SECONDS = env_int("KESTREL_COMMAND_TTL_SECONDS", 120)
+# The longest a call may run on a runner; runners use the same value for their broker
+# visibility timeout, so a call is never redelivered while it still runs.
+KESTREL_MAX_CALL_SECONDS = env_int("KESTREL_MAX_CALL_SECONDS", 600)
+# How long after its deadline the sweep waits before it ends a silent call.
+KESTREL_CALL_GRACE_SECONDS = env_int("KESTREL_CALL_GRACE_SECONDS", 60)
+
 CELERY_BROKER_URL = REDIS_URL or f"sqla+sqlite:///{KESTREL_DATA_DIR / 'broker.sqlite3'}"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": KESTREL_MAX_CALL_SECONDS + 120}
+CELERY_BEAT_SCHEDULE = {
+    "sweep-silent-calls": {
+        "task": "control.sweep",
+        "schedule": 15.0,
+        "options": {"queue": "control"},
+    },
+}
 
 LOGGING = {
     "version": 1,

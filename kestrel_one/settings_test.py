@@ -22,3 +22,4 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SINGLE_HOST = False
 HOSTED = True
 KESTREL_SERVER_TOKEN = None
+KESTREL_SIGNING_KEY_FILE = KESTREL_DATA_DIR / "control_signing_key.pem"  # noqa: F405

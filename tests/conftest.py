@@ -19,6 +19,7 @@ from kestrel_one.accounts.principal import system_principal
 from kestrel_one.accounts.scopes import ROLE_SCOPES, Role
 from kestrel_one.accounts.services import token_create
 from kestrel_one.governance.services import policy_publish_environment
+from runners.protocol import generate_private_key_pem
 from tests.factories import (
     EnvironmentFactory,
     MembershipFactory,
@@ -47,6 +48,17 @@ def _real_services_present():
         client.ping()
     except redis.RedisError as exc:
         pytest.fail(f"Redis at {settings.REDIS_URL} is required by the test suite: {exc}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _control_signing_key():
+    """The control plane's command-signing key, as an operator would provision it (0600)."""
+    path = settings.KESTREL_SIGNING_KEY_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(generate_private_key_pem())
+        path.chmod(0o600)
+    return path
 
 
 @dataclass

@@ -14,6 +14,7 @@ HOSTED = {
     "REDIS_URL": "redis://127.0.0.1:6379/15",
     "DJANGO_SECRET_KEY": "x" * 20 + "-not-a-real-secret-but-long-enough-for-the-check-" + "y" * 20,
     "KESTREL_ALLOWED_HOSTS": "kestrel.example.com",
+    "KESTREL_SIGNING_KEY_FILE": "/etc/kestrel/signing.pem",
 }
 
 

@@ -22,6 +22,8 @@ class PrincipalKind(StrEnum):
     SESSION = "session"
     # An operator's management command on the server itself (bootstrap, sweeps).
     SYSTEM = "system"
+    # An enrolled runner, as the author of verified reports; never an API caller.
+    RUNNER = "runner"
 
 
 @dataclass(eq=False)
@@ -44,6 +46,8 @@ class Principal:
         """The public identity recorded in audit rows."""
         if self.kind == PrincipalKind.SYSTEM:
             return f"system:{self.system_name}"
+        if self.kind == PrincipalKind.RUNNER:
+            return self.system_name
         if self.token is not None:
             return self.token.public_id
         if self.user is not None:
@@ -52,8 +56,8 @@ class Principal:
 
     @property
     def actor_type(self) -> str:
-        if self.kind == PrincipalKind.SYSTEM:
-            return "system"
+        if self.kind in {PrincipalKind.SYSTEM, PrincipalKind.RUNNER}:
+            return self.kind.value
         if self.token is not None:
             return "token"
         return "user" if self.user is not None else "anonymous"
@@ -95,3 +99,8 @@ class Principal:
 def system_principal(name: str) -> Principal:
     """The actor recorded for a management command run by an operator on the server."""
     return Principal(PrincipalKind.SYSTEM, system_name=name)
+
+
+def runner_principal(runner_id: str) -> Principal:
+    """The actor recorded for a verified runner report; it holds no scope anywhere."""
+    return Principal(PrincipalKind.RUNNER, system_name=runner_id)

@@ -10,12 +10,11 @@ from rest_framework.views import APIView
 
 from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
-from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.governance import selectors, services
+from kestrel_one.governance.tools import tool_call_request
 from kestrel_one.tenancy.models import Environment
 from policies import decide, render_decision
-from runners.errors import InvalidArguments, UnknownTool
-from runners.registry import TOOLS, get_tool, validate_args
+from runners.registry import TOOLS
 
 READ, ADMIN = "org:read", "org:admin"
 
@@ -134,23 +133,6 @@ class ExplainSerializer(StrictSerializer):
     mode = serializers.CharField(max_length=16, required=False)
 
 
-def tool_request(tool_name: str, args):
-    """Validate a tool call and return (tool, canonical args, policy request); 400 names the
-    field that is wrong."""
-    try:
-        tool = get_tool(tool_name)
-    except UnknownTool:
-        raise ValidationFailed(
-            f"Unknown tool {tool_name!r}; GET /api/v1/tools lists the tools.",
-            details={"tool": ["unknown"]},
-        ) from None
-    try:
-        canonical = validate_args(tool.name, args)
-    except InvalidArguments as exc:
-        raise ValidationFailed(str(exc), details={exc.field: [exc.reason]}) from None
-    return tool, canonical, tool.capability_request(canonical)
-
-
 class ExplainViewSet(ProjectScopedViewSet):
     """Would this call be allowed, and why? Explaining never executes anything."""
 
@@ -162,7 +144,7 @@ class ExplainViewSet(ProjectScopedViewSet):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         mode = selectors.parse_mode(values.get("mode"))
-        tool, _, policy_request = tool_request(values["tool"], values["args"])
+        tool, _, policy_request = tool_call_request(values["tool"], values["args"])
         effective = selectors.effective_policy(
             project=self.project, principal=self.principal, mode=mode
         )

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.governance.models import PolicyVersion
+from kestrel_one.tenancy.models import Project
 from policies import (
     CAPABILITY_NAMES,
     Mode,
@@ -110,19 +111,16 @@ class EffectivePolicy:
 def effective_policy(*, project, principal, mode: Mode, surface: str = "api") -> EffectivePolicy:
     if surface not in SURFACE_MASKS:
         raise ValidationFailed(f"Unknown surface {surface!r}.", details={"surface": ["unknown"]})
-    environment = project.environment
-    # The current versions are read on every call; only parsed documents are cached, keyed by
-    # their content hash.
-    env_version = (
-        PolicyVersion.objects.filter(pk=environment.policy_version_id).first()
-        if environment.policy_version_id
-        else None
+    # The current pointers come from the database on every call, never from the caller's
+    # (possibly stale) objects; only parsed documents are cached, keyed by content hash.
+    env_version_id, prj_version_id = (
+        Project.objects.filter(pk=project.pk)
+        .values_list("environment__policy_version_id", "policy_version_id")
+        .get()
     )
-    prj_version = (
-        PolicyVersion.objects.filter(pk=project.policy_version_id).first()
-        if project.policy_version_id
-        else None
-    )
+    versions = PolicyVersion.objects.in_bulk([v for v in (env_version_id, prj_version_id) if v])
+    env_version = versions.get(env_version_id)
+    prj_version = versions.get(prj_version_id)
     layers = [policy_of(env_version) or EMPTY_POLICY]
     if prj_version is not None:
         layers.append(policy_of(prj_version))

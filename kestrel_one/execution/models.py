@@ -1,0 +1,145 @@
+"""Runners, the actions they execute, and the receipts that record what happened."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from kestrel_one.common.ids import PublicIdField
+
+
+class Runner(models.Model):
+    """An enrolled runner identity: its pool and public key; the private key never leaves it."""
+
+    public_id = PublicIdField("run")
+    # Null: a platform runner serving every organization's calls in its pool.
+    organization = models.ForeignKey(
+        "tenancy.Organization",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="runners",
+    )
+    pool = models.CharField(max_length=64)
+    name = models.CharField(max_length=100, blank=True)
+    public_key = models.TextField()
+    enrolled_by = models.CharField(max_length=64)
+    enrolled_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.pool})"
+
+
+class ActionState(models.TextChoices):
+    DENIED = "denied"
+    AWAITING_APPROVAL = "awaiting_approval"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+TERMINAL_STATES = frozenset(
+    {
+        ActionState.DENIED,
+        ActionState.SUCCEEDED,
+        ActionState.FAILED,
+        ActionState.CANCELLED,
+        ActionState.EXPIRED,
+    }
+)
+
+
+class Action(models.Model):
+    """One requested tool call: its exact arguments, the decision, and where it stands.
+
+    ``public_id`` is also the call id: it is the command's ``jti`` and the runner's
+    idempotency key.
+    """
+
+    public_id = PublicIdField("act")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    environment = models.ForeignKey(
+        "tenancy.Environment", on_delete=models.CASCADE, related_name="+"
+    )
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="actions")
+    thread = models.ForeignKey("threads.Thread", on_delete=models.CASCADE, related_name="actions")
+    tool = models.CharField(max_length=64)
+    args = models.JSONField()
+    args_digest = models.CharField(max_length=64)
+    # Binds organization, environment, project, thread, tool, canonical arguments and policy
+    # version: approvals, commands and receipts refer to exactly this.
+    action_digest = models.CharField(max_length=64)
+    mode = models.CharField(max_length=8)
+    state = models.CharField(max_length=20, choices=ActionState.choices)
+    decision = models.JSONField(default=dict)
+    policy_version = models.CharField(max_length=255)
+    limits = models.JSONField(default=dict)
+    requested_by = models.CharField(max_length=64)
+    requested_by_token = models.ForeignKey(
+        "accounts.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_by_user = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    pool = models.CharField(max_length=64)
+    runner = models.ForeignKey(
+        Runner, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    attempt = models.PositiveIntegerField(default=0)
+    command_digest = models.CharField(max_length=64, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # After this the sweep ends a call whose runner went silent.
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["thread", "public_id"]),
+            models.Index(fields=["state", "deadline_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} {self.tool} {self.state}"
+
+
+class Receipt(models.Model):
+    """What a runner reported for one call, verified: the durable record of an execution."""
+
+    public_id = PublicIdField("rcp")
+    action = models.OneToOneField(Action, on_delete=models.CASCADE, related_name="receipt")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    call_id = models.CharField(max_length=40)
+    tool = models.CharField(max_length=64)
+    args = models.JSONField()
+    args_digest = models.CharField(max_length=64)
+    action_digest = models.CharField(max_length=64)
+    # Organization, environment, project and thread public ids the call was bound to.
+    scope = models.JSONField()
+    outcome = models.CharField(max_length=16)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    policy_version = models.CharField(max_length=255)
+    decision = models.JSONField(default=dict)
+    runner = models.CharField(max_length=40, blank=True)
+    sandbox = models.CharField(max_length=32, blank=True)
+    command_digest = models.CharField(max_length=64, blank=True)
+    report_digest = models.CharField(max_length=64, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} for {self.call_id}"

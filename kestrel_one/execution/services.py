@@ -1,0 +1,394 @@
+"""The path of one call through the control plane: request, decide, sign, dispatch, ingest.
+
+Every state change is a conditional update (``UPDATE ... WHERE state IN (...)``) checked by
+its row count, so a late or duplicated report can never move a finished action.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from kestrel_one.accounts.principal import runner_principal, system_principal
+from kestrel_one.audit.services import audit_record
+from kestrel_one.execution.keys import control_private_key
+from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
+from kestrel_one.governance.selectors import effective_policy
+from kestrel_one.governance.tools import tool_call_request
+from kestrel_one.threads.services import event_append
+from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, decide, resolve_mode
+from runners.protocol import (
+    ProtocolError,
+    ResultRefused,
+    digest,
+    sign_command,
+    token_digest,
+    unverified_runner_id,
+    verify_result,
+)
+
+logger = logging.getLogger(__name__)
+
+STATE_FOR_OUTCOME = {
+    ALLOW: ActionState.QUEUED,
+    "needs_approval": ActionState.AWAITING_APPROVAL,
+    DENY: ActionState.DENIED,
+}
+# Limits the runner's protocol requires on every command; integers where the engine wants them.
+_INTEGER_LIMITS = {"memory_mb", "pids", "output_kb"}
+
+
+def action_digest(*, scope: dict, tool: str, args_digest: str, policy_version: str) -> str:
+    """The identity an approval, a command and a receipt bind to."""
+    return digest(
+        {**scope, "tool": tool, "args_digest": args_digest, "policy_version": policy_version}
+    )
+
+
+def command_limits(decision_limits) -> dict:
+    limits = {**DEFAULT_LIMITS, **dict(decision_limits)}
+    return {
+        name: int(value) if name in _INTEGER_LIMITS else float(value)
+        for name, value in limits.items()
+        if name in {"timeout_s", "memory_mb", "cpus", "pids", "output_kb"}
+    }
+
+
+def action_scope(action: Action) -> dict:
+    return {
+        "org": action.organization.public_id,
+        "env": action.environment.public_id,
+        "prj": action.project.public_id,
+        "thr": action.thread.public_id,
+    }
+
+
+@transaction.atomic
+def action_request(*, actor, thread, tool: str, args) -> Action:
+    """Validate, decide and record one call; an allowed call is dispatched after commit."""
+    project = thread.project
+    tool_spec, canonical, policy_request = tool_call_request(tool, args)
+    mode = resolve_mode(Mode(thread.mode), wants_plan=False)
+    effective = effective_policy(project=project, principal=actor, mode=mode)
+    decision = decide(effective.policy, policy_request, version=effective.version)
+    scope = {
+        "org": project.organization.public_id,
+        "env": project.environment.public_id,
+        "prj": project.public_id,
+        "thr": thread.public_id,
+    }
+    args_digest = digest(canonical)
+    action = Action.objects.create(
+        organization=project.organization,
+        environment=project.environment,
+        project=project,
+        thread=thread,
+        tool=tool_spec.name,
+        args=canonical,
+        args_digest=args_digest,
+        action_digest=action_digest(
+            scope=scope,
+            tool=tool_spec.name,
+            args_digest=args_digest,
+            policy_version=decision.policy_version,
+        ),
+        mode=mode.value,
+        state=STATE_FOR_OUTCOME[decision.outcome],
+        decision=decision.to_dict(),
+        policy_version=decision.policy_version,
+        limits=command_limits(decision.limits),
+        requested_by=actor.actor_id,
+        requested_by_token=actor.token,
+        requested_by_user=actor.user,
+        pool=settings.KESTREL_DEFAULT_POOL,
+    )
+    event_append(
+        thread=thread,
+        kind="action.requested",
+        action=action,
+        data={"action": action.public_id, "tool": action.tool, "args_digest": args_digest},
+    )
+    event_append(
+        thread=thread,
+        kind="action.decided",
+        action=action,
+        data={
+            "action": action.public_id,
+            "outcome": decision.outcome,
+            "reasons": list(decision.reasons),
+            "policy_version": decision.policy_version,
+        },
+    )
+    audit_record(
+        organization=project.organization,
+        actor=actor,
+        action="action.request",
+        target=action,
+        outcome=decision.outcome,
+        data={
+            "tool": action.tool,
+            "args_digest": args_digest,
+            "thread": thread.public_id,
+            "policy_version": decision.policy_version,
+        },
+    )
+    if action.state == ActionState.QUEUED:
+        transaction.on_commit(lambda: action_dispatch(action_id=action.pk))
+    return action
+
+
+def action_dispatch(*, action_id: int) -> bool:
+    """Sign the command for a queued action and send it to its pool's queue.
+
+    Runs after the requesting transaction committed. ``dispatched_at`` is set only after the
+    broker took the message, so an action whose send failed is still undispatched and the
+    sweep sends it again; the runner's single use of the call id keeps that from running twice.
+    """
+    from kestrel_one.celery import app
+
+    with transaction.atomic():
+        action = (
+            Action.objects.select_for_update()
+            .select_related("organization", "environment", "project", "thread")
+            .filter(pk=action_id, state=ActionState.QUEUED, dispatched_at__isnull=True)
+            .first()
+        )
+        if action is None:
+            return False
+        attempt = action.attempt + 1
+        token = sign_command(
+            {
+                "iss": "kestrel-control",
+                "aud": f"runner.{action.pool}",
+                "jti": action.public_id,
+                **action_scope(action),
+                "tool": action.tool,
+                "args": action.args,
+                "args_digest": action.args_digest,
+                "policy_version": action.policy_version,
+                "limits": action.limits,
+                "attempt": attempt,
+            },
+            control_private_key(),
+            ttl=settings.KESTREL_COMMAND_TTL_SECONDS,
+        )
+        Action.objects.filter(pk=action.pk).update(
+            attempt=attempt, command_digest=token_digest(token)
+        )
+    try:
+        app.send_task("runner.execute", args=[token], queue=f"runner.{action.pool}")
+    except Exception:
+        logger.exception("dispatch of %s failed; the sweep will send it again", action.public_id)
+        return False
+    now = timezone.now()
+    Action.objects.filter(pk=action.pk, state=ActionState.QUEUED).update(
+        dispatched_at=now,
+        deadline_at=now
+        + timedelta(
+            seconds=settings.KESTREL_COMMAND_TTL_SECONDS + settings.KESTREL_CALL_GRACE_SECONDS
+        ),
+    )
+    return True
+
+
+class ReportRefused(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def report_ingest(token: str) -> str:
+    """Verify a runner's signed report and record it. Returns what happened, for logs.
+
+    Nothing is recorded before the signature, the runner's enrollment, and the match with a
+    command this control plane issued are all checked.
+    """
+    try:
+        runner_id = unverified_runner_id(token)
+    except ResultRefused as refused:
+        raise ReportRefused(refused.code, str(refused)) from None
+    runner = Runner.objects.filter(public_id=runner_id, revoked_at__isnull=True).first()
+    if runner is None:
+        raise ReportRefused("unknown_runner", f"{runner_id} is not an enrolled, active runner")
+    try:
+        report = verify_result(token, runner_public_key=runner.public_key, runner_id=runner_id)
+    except ProtocolError as refused:
+        raise ReportRefused(refused.code, str(refused)) from None
+    with transaction.atomic():
+        action = (
+            Action.objects.select_for_update()
+            .select_related("organization", "environment", "project", "thread")
+            .filter(public_id=report.call_id)
+            .first()
+        )
+        if action is None or action.command_digest != report.command_digest:
+            raise ReportRefused("unknown_command", "the report answers no command we issued")
+        if runner.pool != action.pool or runner.organization_id not in (
+            None,
+            action.organization_id,
+        ):
+            audit_record(
+                organization=action.organization,
+                actor=runner_principal(runner.public_id),
+                action="runner.report_refused",
+                target=action,
+                outcome="refused",
+                data={"reason": "runner not allowed for this call's pool or organization"},
+            )
+            raise ReportRefused("wrong_runner", "this runner may not answer this call")
+        Runner.objects.filter(pk=runner.pk).update(last_seen_at=timezone.now())
+        if report.event == "started":
+            return _record_started(action, runner, report)
+        return _record_finished(action, runner, report, token)
+
+
+def _running_deadline(action: Action, now):
+    """When the sweep may call a running action lost.
+
+    A runner killed mid-call gets its command back from the broker only after the visibility
+    timeout; an idempotent tool then runs again for up to its timeout. Ending the action
+    before that would turn a call that is about to complete into ``runner_lost``.
+    """
+    redelivery = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+    timeout = float(action.limits.get("timeout_s") or settings.KESTREL_MAX_CALL_SECONDS)
+    return now + timedelta(seconds=redelivery + timeout + settings.KESTREL_CALL_GRACE_SECONDS)
+
+
+def _record_started(action: Action, runner: Runner, report) -> str:
+    now = timezone.now()
+    moved = Action.objects.filter(pk=action.pk, state=ActionState.QUEUED).update(
+        state=ActionState.RUNNING,
+        runner=runner,
+        started_at=now,
+        deadline_at=_running_deadline(action, now),
+    )
+    if not moved:
+        return "duplicate-start"
+    event_append(
+        thread=action.thread,
+        kind="action.started",
+        action=action,
+        data={"action": action.public_id, "runner": runner.public_id, "attempt": report.attempt},
+    )
+    return "started"
+
+
+def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
+    now = timezone.now()
+    state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
+    moved = Action.objects.filter(
+        pk=action.pk, state__in=[ActionState.QUEUED, ActionState.RUNNING]
+    ).update(
+        state=state,
+        runner=runner,
+        finished_at=now,
+        result=report.result,
+        error=report.error,
+        started_at=action.started_at or now,
+    )
+    if not moved:
+        return "duplicate-finish"
+    receipt = Receipt.objects.create(
+        action=action,
+        organization=action.organization,
+        call_id=action.public_id,
+        tool=action.tool,
+        args=action.args,
+        args_digest=action.args_digest,
+        action_digest=action.action_digest,
+        scope=action_scope(action),
+        outcome=report.outcome,
+        result=report.result,
+        error=report.error,
+        policy_version=action.policy_version,
+        decision=action.decision,
+        runner=runner.public_id,
+        sandbox=report.sandbox or "",
+        command_digest=report.command_digest,
+        report_digest=token_digest(token),
+        started_at=report.started_at,
+        finished_at=report.finished_at,
+    )
+    event_append(
+        thread=action.thread,
+        kind="action.finished",
+        action=action,
+        data={
+            "action": action.public_id,
+            "state": state,
+            "receipt": receipt.public_id,
+            "error": report.error,
+            "exit_code": (report.result or {}).get("exit_code"),
+        },
+    )
+    audit_record(
+        organization=action.organization,
+        actor=runner_principal(runner.public_id),
+        action="action.finish",
+        target=action,
+        outcome=state,
+        data={"receipt": receipt.public_id, "error": report.error},
+    )
+    return state
+
+
+def calls_sweep(*, now=None) -> dict:
+    """End calls whose runner went silent; send again what never reached the broker."""
+    now = now or timezone.now()
+    ended = {"expired": 0, "runner_lost": 0, "redispatched": 0}
+    for action in Action.objects.filter(
+        state=ActionState.QUEUED, dispatched_at__isnull=False, deadline_at__lt=now
+    ).select_related("thread", "organization"):
+        if _end(
+            action,
+            ActionState.QUEUED,
+            ActionState.EXPIRED,
+            "command_expired",
+            "No runner took the command before it expired.",
+        ):
+            ended["expired"] += 1
+    for action in Action.objects.filter(
+        state=ActionState.RUNNING, deadline_at__lt=now
+    ).select_related("thread", "organization"):
+        if _end(
+            action,
+            ActionState.RUNNING,
+            ActionState.FAILED,
+            "runner_lost",
+            "The runner stopped reporting before the call finished.",
+        ):
+            ended["runner_lost"] += 1
+    stale = now - timedelta(seconds=10)
+    for action_id in Action.objects.filter(
+        state=ActionState.QUEUED, dispatched_at__isnull=True, created_at__lt=stale
+    ).values_list("pk", flat=True):
+        ended["redispatched"] += int(action_dispatch(action_id=action_id))
+    return ended
+
+
+@transaction.atomic
+def _end(action: Action, from_state: str, to_state: str, code: str, message: str) -> bool:
+    error = {"code": code, "message": message}
+    moved = Action.objects.filter(pk=action.pk, state=from_state).update(
+        state=to_state, error=error, finished_at=timezone.now()
+    )
+    if moved:
+        event_append(
+            thread=action.thread,
+            kind="action.finished",
+            action=action,
+            data={"action": action.public_id, "state": to_state, "error": error},
+        )
+        audit_record(
+            organization=action.organization,
+            actor=system_principal("sweep"),
+            action="action.end",
+            target=action,
+            outcome=to_state,
+            data={"error": error},
+        )
+    return bool(moved)

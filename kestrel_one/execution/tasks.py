@@ -1,0 +1,37 @@
+"""Control-plane Celery tasks: thin wrappers that call one service each."""
+
+from __future__ import annotations
+
+import structlog
+from django.db import OperationalError
+
+from kestrel_one.celery import app
+from kestrel_one.execution.services import ReportRefused, calls_sweep, report_ingest
+
+logger = structlog.get_logger(__name__)
+
+
+@app.task(
+    name="control.ingest_result",
+    queue="control",
+    acks_late=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=10,
+    time_limit=60,
+)
+def ingest_result(token: str) -> None:
+    """Record a runner's signed report. Refused reports are logged, never retried."""
+    try:
+        outcome = report_ingest(token)
+    except ReportRefused as refused:
+        logger.warning("runner report refused", code=refused.code, reason=str(refused))
+        return
+    logger.info("runner report recorded", outcome=outcome)
+
+
+@app.task(name="control.sweep", queue="control", time_limit=120)
+def sweep() -> None:
+    ended = calls_sweep()
+    if any(ended.values()):
+        logger.info("sweep ended silent calls", **ended)

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ThreadsConfig(AppConfig):
+    name = "kestrel_one.threads"
+    label = "threads"
