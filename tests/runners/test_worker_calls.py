@@ -1,0 +1,547 @@
+"""What the runner does with each delivery of a command, in process, against real Redis.
+
+``Runner.handle`` is the whole task body; here it runs with real call state (Redis DB 14),
+real workspaces and real file tools, and reports into a list instead of the broker. The
+real worker process, Docker and SIGKILL are in ``test_worker_process.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from runners import tools
+from runners.callstate import CallState, Lease, LeaseKeeper
+from runners.config import RunnerConfig
+from runners.protocol import (
+    COMMAND_CLAIMS,
+    canonical_json,
+    digest,
+    generate_private_key_pem,
+    public_key_pem,
+    sign_command,
+    token_digest,
+    verify_result,
+)
+from runners.sandbox import (
+    ExecResult,
+    ExecSpec,
+    ProbeResult,
+    SandboxBackend,
+    SandboxStartFailed,
+    SandboxUnavailable,
+)
+from runners.worker import PROCESS_TOOLS, Disposition, Runner
+from tests.runners.test_protocol import (
+    CONTROL_KEY,
+    CONTROL_PUBLIC,
+    POOL,
+    STRANGER_KEY,
+    altered,
+    command_claims,
+    payload_of,
+    raw_signed,
+    with_payload,
+)
+
+pytestmark = pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")
+
+STATE_URL = "redis://127.0.0.1:6379/14"
+RUNNER_ID = "run_01JWORKERTEST"
+PROJECT = "prj_01JPRJ"
+
+
+@pytest.fixture
+def state_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(STATE_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def runner_key() -> bytes:
+    return generate_private_key_pem()
+
+
+@pytest.fixture
+def config(tmp_path: Path, workspace_root: Path, runner_key: bytes) -> RunnerConfig:
+    key_file = tmp_path / "runner.pem"
+    key_file.write_bytes(runner_key)
+    key_file.chmod(0o600)
+    control_file = tmp_path / "control.pub"
+    control_file.write_bytes(CONTROL_PUBLIC)
+    return RunnerConfig(
+        runner_id=RUNNER_ID,
+        pool=POOL,
+        key_file=key_file,
+        control_public_key_file=control_file,
+        broker_url=STATE_URL,
+        state_url=STATE_URL,
+        workspace_root=workspace_root,
+        sandbox="docker",
+        max_call_seconds=20,
+    )
+
+
+class Recorder:
+    """Stands in for the broker, the sandbox choice and the orphan reaper."""
+
+    def __init__(self) -> None:
+        self.reports: list[str] = []
+        self.executions: list[tuple[str, dict[str, Any]]] = []
+        self.reaped: list[str] = []
+        self.backend: SandboxBackend | None = None
+
+    def report(self, token: str) -> None:
+        self.reports.append(token)
+
+    def reap(self, call_id: str) -> int:
+        self.reaped.append(call_id)
+        return 0
+
+    def choose_backend(self, preference: str) -> SandboxBackend:
+        if self.backend is None:
+            raise SandboxUnavailable("no sandbox backend works, refusing to run: test")
+        return self.backend
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    """Counts every call of ``runners.tools.execute``: the only way a tool runs."""
+    recorder = Recorder()
+    real_execute = tools.execute
+
+    def spy(tool_name: str, args: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        recorder.executions.append((tool_name, args))
+        return real_execute(tool_name, args, **kwargs)
+
+    monkeypatch.setattr(tools, "execute", spy)
+    return recorder
+
+
+def make_runner(config: RunnerConfig, client: redis.Redis, recorder: Recorder, **kw) -> Runner:
+    return Runner(
+        config=config,
+        private_key=config.private_key(),
+        control_public_key=config.control_public_key(),
+        state=CallState(client, worker=kw.pop("worker", "test-worker"), **kw),
+        report=recorder.report,
+        choose_backend=recorder.choose_backend,
+        reap_orphans=recorder.reap,
+    )
+
+
+@pytest.fixture
+def runner(config: RunnerConfig, state_client: redis.Redis, recorder: Recorder) -> Runner:
+    return make_runner(config, state_client, recorder)
+
+
+def command(**overrides: Any) -> str:
+    overrides.setdefault("prj", PROJECT)
+    return sign_command(command_claims(**overrides), CONTROL_KEY)
+
+
+def reports(recorder: Recorder, runner_key: bytes):
+    public = public_key_pem(runner_key)
+    return [
+        verify_result(token, runner_public_key=public, runner_id=RUNNER_ID)
+        for token in recorder.reports
+    ]
+
+
+# --- refusals: nothing is touched ------------------------------------------------------
+
+
+def _tampered(claim: str) -> str:
+    token = command()
+    payload = payload_of(token)
+    payload[claim] = altered(payload[claim])
+    return with_payload(token, payload)
+
+
+def _missing(claim: str) -> str:
+    now = int(time.time())
+    claims = command_claims(prj=PROJECT, iat=now, nbf=now, exp=now + 120)
+    del claims[claim]
+    return raw_signed({"typ": "kestrel-command+jwt", "kid": "control"}, canonical_json(claims))
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unsigned() -> str:
+    header = _b64(b'{"alg":"none","kid":"control","typ":"kestrel-command+jwt"}')
+    return f"{header}.{_b64(canonical_json(payload_of(command())))}."
+
+
+def _hs256() -> str:
+    header = _b64(b'{"alg":"HS256","kid":"control","typ":"kestrel-command+jwt"}')
+    payload = _b64(canonical_json(payload_of(command())))
+    mac = hmac.new(CONTROL_PUBLIC, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{_b64(mac)}"
+
+
+def _args_swapped() -> str:
+    token = command()
+    payload = payload_of(token)
+    payload["args"] = {"path": "marker.txt", "content": "evil"}
+    payload["args_digest"] = digest(payload["args"])
+    return with_payload(token, payload)
+
+
+REFUSALS = {
+    **{
+        f"tampered-{claim}": (lambda c=claim: _tampered(c), "bad_signature")
+        for claim in sorted(COMMAND_CLAIMS)
+    },
+    "wrong-audience": (lambda: command(aud="runner.green"), "wrong_audience"),
+    "expired": (
+        lambda: sign_command(command_claims(prj=PROJECT), CONTROL_KEY, now=int(time.time()) - 300),
+        "expired",
+    ),
+    "not-yet-valid": (
+        lambda: sign_command(command_claims(prj=PROJECT), CONTROL_KEY, now=int(time.time()) + 300),
+        "not_yet_valid",
+    ),
+    "unsigned": (_unsigned, "bad_signature"),
+    "hs256-with-public-key": (_hs256, "bad_signature"),
+    "other-key": (
+        lambda: sign_command(command_claims(prj=PROJECT), STRANGER_KEY),
+        "bad_signature",
+    ),
+    "args-swapped-with-digest": (_args_swapped, "bad_signature"),
+    "digest-mismatch": (
+        lambda: command(args_digest=digest({"path": "x", "content": "y"})),
+        "digest_mismatch",
+    ),
+    "unknown-tool": (lambda: command(tool="net.fetch"), "unknown_tool"),
+    "invalid-args": (
+        lambda: command(args={"path": "/etc/marker.txt", "content": "ran"}),
+        "invalid_arguments",
+    ),
+    "extra-claim": (lambda: command(scope="admin"), "malformed"),
+    **{
+        f"missing-{claim}": (lambda c=claim: _missing(c), "malformed")
+        for claim in sorted(COMMAND_CLAIMS)
+    },
+    "not-a-token": (lambda: "hello", "malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refused_command_is_logged_and_never_executed(
+    case, runner, recorder, state_client, workspace_root, caplog
+):
+    make_token, code = REFUSALS[case]
+    token = make_token()
+    caplog.set_level(logging.INFO, logger="kestrel.runner")
+
+    assert runner.handle(token) is Disposition.REFUSED
+
+    assert recorder.executions == []
+    assert recorder.reports == []
+    assert not (workspace_root / PROJECT / "marker.txt").exists()
+    assert state_client.keys("*") == [], "a refused command must not touch call state"
+    logged = [json.loads(record.getMessage()) for record in caplog.records]
+    assert [(entry["event"], entry["code"]) for entry in logged] == [("command_refused", code)]
+    if code not in {"bad_signature", "malformed"}:
+        assert logged[0]["call_id"] == "act_01JTESTCALL"
+
+
+def test_refusals_cover_every_command_claim():
+    tampered = {case.removeprefix("tampered-") for case in REFUSALS if case.startswith("tampered")}
+    missing = {case.removeprefix("missing-") for case in REFUSALS if case.startswith("missing")}
+    claims = set(payload_of(command()))
+    assert tampered == claims
+    assert missing == claims
+
+
+# --- a call's life -----------------------------------------------------------------------
+
+
+def test_valid_command_runs_once_and_reports_started_then_finished(
+    runner, recorder, runner_key, workspace_root
+):
+    token = command()
+    assert runner.handle(token) is Disposition.RAN
+
+    assert (workspace_root / PROJECT / "marker.txt").read_text() == "ran"
+    assert len(recorder.executions) == 1
+    started, finished = reports(recorder, runner_key)
+    assert started.event == "started" and started.outcome is None
+    assert finished.event == "finished" and finished.outcome == "succeeded"
+    for report in (started, finished):
+        assert report.call_id == "act_01JTESTCALL"
+        assert report.command_digest == token_digest(token)
+        assert report.attempt == 1
+        assert report.runner_id == RUNNER_ID
+    assert finished.result["size"] == 3
+    assert finished.sandbox is None  # file tools run on the host, inside the workspace
+    assert finished.started_at == started.started_at
+    assert finished.finished_at is not None
+
+
+def test_redelivered_finished_call_resends_the_same_result(runner, recorder):
+    token = command()
+    runner.handle(token)
+    first_finished = recorder.reports[-1]
+
+    assert runner.handle(token) is Disposition.RESENT
+    assert runner.handle(token) is Disposition.RESENT
+    assert recorder.reports[-2:] == [first_finished, first_finished]
+    assert len(recorder.executions) == 1
+
+
+def test_a_new_attempt_of_a_finished_call_gets_the_recorded_result(runner, recorder):
+    runner.handle(command())
+    assert runner.handle(command(attempt=2)) is Disposition.RESENT
+    assert len(recorder.executions) == 1
+
+
+def test_copy_of_a_call_running_elsewhere_is_dropped_as_replayed(
+    config, state_client, runner, recorder, caplog
+):
+    token = command()
+    elsewhere = CallState(state_client, worker="other-worker")
+    lease = elsewhere.claim("act_01JTESTCALL", attempt=1, command_digest=token_digest(token))
+    caplog.set_level(logging.INFO, logger="kestrel.runner")
+
+    with LeaseKeeper(elsewhere, lease, interval=0.2):
+        assert runner.handle(token) is Disposition.REPLAYED
+
+    assert recorder.executions == []
+    assert recorder.reports == []
+    logged = [json.loads(record.getMessage()) for record in caplog.records]
+    assert logged[-1]["code"] == "replayed"
+    assert logged[-1]["call_id"] == "act_01JTESTCALL"
+
+
+def _dead_lease(state_client: redis.Redis, token: str, *, accepted_at: float | None = None):
+    """The lease a worker left when it died: claimed, never refreshed, now expired."""
+    now = time.time()
+    lease = Lease(
+        call_id="act_01JTESTCALL",
+        holder="dead-worker#1",
+        worker="dead-worker",
+        attempt=1,
+        command_digest=token_digest(token),
+        accepted_at=now - 30 if accepted_at is None else accepted_at,
+        lease_until=now - 1,
+    )
+    state_client.set("kestrel:call:act_01JTESTCALL", lease.encode())
+
+
+@pytest.mark.spec("RUN-9")
+def test_idempotent_call_of_a_dead_worker_runs_again(
+    runner, recorder, runner_key, state_client, workspace_root
+):
+    token = command()
+    _dead_lease(state_client, token)
+
+    assert runner.handle(token) is Disposition.RERAN
+
+    assert recorder.reaped == ["act_01JTESTCALL"]
+    assert len(recorder.executions) == 1
+    finished = reports(recorder, runner_key)[-1]
+    assert finished.outcome == "succeeded"
+    assert (workspace_root / PROJECT / "marker.txt").read_text() == "ran"
+
+
+@pytest.mark.spec("RUN-9")
+def test_non_idempotent_call_of_a_dead_worker_ends_runner_lost(
+    runner, recorder, runner_key, state_client, workspace_root
+):
+    (workspace_root / PROJECT).mkdir(exist_ok=True)
+    (workspace_root / PROJECT / "keep.txt").write_text("still here")
+    token = command(tool="fs.delete", args={"path": "keep.txt"})
+    _dead_lease(state_client, token)
+
+    assert runner.handle(token) is Disposition.LOST
+
+    assert recorder.executions == []
+    assert recorder.reaped == ["act_01JTESTCALL"]
+    assert (workspace_root / PROJECT / "keep.txt").read_text() == "still here"
+    (lost,) = reports(recorder, runner_key)
+    assert lost.event == "finished" and lost.outcome == "failed"
+    assert lost.error["code"] == "runner_lost"
+    # Every later delivery gets that same verdict; the tool never runs.
+    assert runner.handle(token) is Disposition.RESENT
+    assert recorder.reports == [lost.raw, lost.raw]
+    assert recorder.executions == []
+
+
+@pytest.mark.spec("RUN-9")
+def test_lease_of_a_worker_that_just_died_is_waited_out_not_dropped(
+    config, state_client, recorder, runner_key
+):
+    # A killed child's message is requeued at once, while its lease is still live for a
+    # moment: the copy must wait for the lease to run out and recover, not be dropped.
+    token = command(tool="fs.delete", args={"path": "keep.txt"})
+    dead = CallState(state_client, worker="dead-worker", lease_seconds=1.5)
+    dead.claim("act_01JTESTCALL", attempt=1, command_digest=token_digest(token))
+    runner = make_runner(config, state_client, recorder)
+
+    assert runner.handle(token) is Disposition.LOST
+    assert reports(recorder, runner_key)[-1].error["code"] == "runner_lost"
+
+
+@pytest.mark.spec("RUN-9")
+def test_expired_redelivery_of_a_command_accepted_in_time_is_recovered(
+    runner, recorder, runner_key, state_client
+):
+    now = int(time.time())
+    token = sign_command(command_claims(prj=PROJECT), CONTROL_KEY, ttl=120, now=now - 600)
+    _dead_lease(state_client, token, accepted_at=now - 590)
+
+    assert runner.handle(token) is Disposition.RERAN
+    assert reports(recorder, runner_key)[-1].outcome == "succeeded"
+
+
+def test_expired_command_never_accepted_is_refused(runner, recorder, state_client):
+    now = int(time.time())
+    token = sign_command(command_claims(prj=PROJECT), CONTROL_KEY, ttl=120, now=now - 600)
+    assert runner.handle(token) is Disposition.REFUSED
+
+    # Nor does a state left by a different token for the same call id make it acceptable.
+    _dead_lease(state_client, command(), accepted_at=now - 590)
+    assert runner.handle(token) is Disposition.REFUSED
+    assert recorder.executions == []
+
+
+def test_concurrent_deliveries_run_the_call_once(config, state_client, recorder, workspace_root):
+    token = command()
+    runners = [make_runner(config, state_client, recorder, worker=f"w{i}") for i in range(4)]
+    outcomes: list[Disposition] = []
+    threads = [
+        threading.Thread(target=lambda r=r: outcomes.append(r.handle(token))) for r in runners
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert outcomes.count(Disposition.RAN) == 1
+    assert set(outcomes) <= {Disposition.RAN, Disposition.RESENT, Disposition.REPLAYED}
+    assert len(recorder.executions) == 1
+
+
+# --- failures become typed results -------------------------------------------------------
+
+
+class FailsAfterProbe(SandboxBackend):
+    """Passes its probe, then cannot start the command (RUN-5)."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.runs: list[ExecSpec] = []
+
+    def probe(self, workspace: Path) -> ProbeResult:
+        return ProbeResult(self.name, True, False, "ok")
+
+    def run(self, spec: ExecSpec) -> ExecResult:
+        self.runs.append(spec)
+        raise SandboxStartFailed("flaky: cannot start")
+
+
+class Records(SandboxBackend):
+    """Passes its probe and records what it was asked to run."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.runs: list[ExecSpec] = []
+
+    def probe(self, workspace: Path) -> ProbeResult:
+        return ProbeResult(self.name, True, False, "ok")
+
+    def run(self, spec: ExecSpec) -> ExecResult:
+        self.runs.append(spec)
+        return ExecResult(0, "out", "", False, 1, False, False, self.name)
+
+
+def _finished(recorder: Recorder, runner_key: bytes):
+    final = reports(recorder, runner_key)[-1]
+    assert final.event == "finished"
+    return final
+
+
+def test_no_sandbox_fails_the_call_closed(runner, recorder, runner_key):
+    runner.handle(command(tool="shell.exec", args={"script": "echo hi"}))
+    final = _finished(recorder, runner_key)
+    assert final.outcome == "failed"
+    assert final.error["code"] == "sandbox_unavailable"
+
+
+def test_backend_that_fails_after_its_probe_is_not_retried(runner, recorder, runner_key):
+    recorder.backend = FailsAfterProbe()
+    runner.handle(command(tool="shell.exec", args={"script": "echo hi"}))
+    final = _finished(recorder, runner_key)
+    assert final.error["code"] == "sandbox_start_failed"
+    assert final.sandbox == "flaky"
+    assert len(recorder.backend.runs) == 1
+
+
+def test_workspace_errors_are_reported_with_their_code(runner, recorder, runner_key):
+    runner.handle(command(tool="fs.read", args={"path": "missing.txt"}))
+    assert _finished(recorder, runner_key).error["code"] == "path_not_found"
+
+
+def test_symlink_escape_is_reported_as_refused(runner, recorder, runner_key, workspace_root):
+    (workspace_root / PROJECT).mkdir(exist_ok=True)
+    os.symlink("/etc/hostname", workspace_root / PROJECT / "escape")
+    runner.handle(command(tool="fs.read", args={"path": "escape"}))
+    assert _finished(recorder, runner_key).error["code"] == "path_refused"
+
+
+def test_unexpected_crash_becomes_internal_error(runner, recorder, runner_key, monkeypatch):
+    def explode(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tools, "execute", explode)
+    runner.handle(command())
+    final = _finished(recorder, runner_key)
+    assert final.error == {"code": "internal_error", "message": "the runner failed unexpectedly"}
+
+
+def test_command_limits_are_capped_by_the_runner_and_calls_are_labelled(
+    runner, recorder, runner_key
+):
+    recorder.backend = Records()
+    limits = {"timeout_s": 3600, "memory_mb": 300, "cpus": 0.5, "pids": 40, "output_kb": 16}
+    runner.handle(command(tool="shell.exec", args={"script": "true"}, limits=limits))
+
+    assert _finished(recorder, runner_key).outcome == "succeeded"
+    (spec,) = recorder.backend.runs
+    assert spec.limits.timeout_s == 20  # KESTREL_MAX_CALL_SECONDS
+    assert (spec.limits.memory_mb, spec.limits.cpus, spec.limits.pids) == (300, 0.5, 40)
+    assert dict(spec.labels) == {
+        "call": "act_01JTESTCALL",
+        "project": PROJECT,
+        "thread": "thr_01JTHR",
+        "runner": RUNNER_ID,
+    }
+
+
+def test_process_tools_are_exactly_the_sandboxed_implementations():
+    from runners.tools import IMPLEMENTATIONS, processes
+
+    sandboxed = {
+        name for name, impl in IMPLEMENTATIONS.items() if impl.__module__ == processes.__name__
+    }
+    assert sandboxed == PROCESS_TOOLS
