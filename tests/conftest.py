@@ -6,7 +6,9 @@ project, and an outsider from another organization (healthchecks' alice/bob/char
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import redis
@@ -20,6 +22,7 @@ from kestrel_one.accounts.scopes import ROLE_SCOPES, Role
 from kestrel_one.accounts.services import token_create
 from kestrel_one.governance.services import policy_publish_environment
 from runners.protocol import generate_private_key_pem
+from runners.sandbox import DockerBackend, SandboxUnavailable
 from tests.factories import (
     EnvironmentFactory,
     MembershipFactory,
@@ -59,6 +62,37 @@ def _control_signing_key():
         path.write_bytes(generate_private_key_pem())
         path.chmod(0o600)
     return path
+
+
+REPO = Path(__file__).resolve().parents[1]
+ENSURE_DOCKER = REPO / "deploy" / "scripts" / "ensure-docker.sh"
+BUILD_IMAGE = REPO / "deploy" / "images" / "tool-runtime" / "build.sh"
+
+
+def _run_setup_script(script: Path) -> str:
+    completed = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, timeout=900, check=False
+    )
+    if completed.returncode != 0:
+        pytest.fail(
+            f"Docker is required for this test and {script.name} failed "
+            f"(exit {completed.returncode}):\n{completed.stderr[-2000:]}",
+            pytrace=False,
+        )
+    return completed.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def docker_backend() -> DockerBackend:
+    """The Docker backend on the local engine, pinned to the tool image's id."""
+    _run_setup_script(ENSURE_DOCKER)
+    image_id = _run_setup_script(BUILD_IMAGE).splitlines()[-1]
+    try:
+        backend = DockerBackend.from_environment()
+    except SandboxUnavailable as error:
+        pytest.fail(f"Docker is required for this test: {error}", pytrace=False)
+    assert backend.image_id == image_id
+    return backend
 
 
 @dataclass

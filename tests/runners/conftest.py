@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -21,36 +20,6 @@ import pytest
 from runners.sandbox import BubblewrapBackend, DockerBackend, SandboxUnavailable
 from runners.sandbox.docker import MANAGED_LABEL
 from runners.workspace import workspace_for
-
-REPO = Path(__file__).resolve().parents[2]
-ENSURE_DOCKER = REPO / "deploy" / "scripts" / "ensure-docker.sh"
-BUILD_IMAGE = REPO / "deploy" / "images" / "tool-runtime" / "build.sh"
-
-
-def _run_setup_script(script: Path) -> str:
-    completed = subprocess.run(
-        ["bash", str(script)], capture_output=True, text=True, timeout=900, check=False
-    )
-    if completed.returncode != 0:
-        pytest.fail(
-            f"Docker is required for this test and {script.name} failed "
-            f"(exit {completed.returncode}):\n{completed.stderr[-2000:]}",
-            pytrace=False,
-        )
-    return completed.stdout.strip()
-
-
-@pytest.fixture(scope="session")
-def docker_backend() -> DockerBackend:
-    """The Docker backend on the local engine, pinned to the tool image's id."""
-    _run_setup_script(ENSURE_DOCKER)
-    image_id = _run_setup_script(BUILD_IMAGE).splitlines()[-1]
-    try:
-        backend = DockerBackend.from_environment()
-    except SandboxUnavailable as error:
-        pytest.fail(f"Docker is required for this test: {error}", pytrace=False)
-    assert backend.image_id == image_id
-    return backend
 
 
 @pytest.fixture

@@ -1,0 +1,232 @@
+"""Every tool, end to end through real processes: the control-plane service signs a command,
+a runner worker verifies it and runs the tool in a Docker container, signs the result, and a
+control worker verifies and records it with a receipt."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+from kestrel_one.execution.enrollment import runner_enroll
+from kestrel_one.execution.keys import control_public_key_pem
+from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
+from kestrel_one.execution.services import action_request
+from kestrel_one.governance.services import policy_publish_environment
+from kestrel_one.tenancy.services import environment_create, project_create
+from kestrel_one.threads.services import thread_create
+from runners.protocol import generate_private_key_pem, public_key_pem
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER_ID = "run_E2ETESTRUNNER0000000000000"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+
+E2E_POLICY = {
+    "capabilities": {
+        "fs.read": {"paths": ["**"]},
+        "fs.write": {"paths": ["**"]},
+        "shell.exec": {"limits": {"timeout_s": 30, "memory_mb": 256, "pids": 64}},
+        "code.exec": {"limits": {"timeout_s": 30}},
+    }
+}
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def runner_files(tmp_path_factory, docker_backend):
+    base = tmp_path_factory.mktemp("runner")
+    key = base / "runner.key"
+    key.write_bytes(generate_private_key_pem())
+    key.chmod(0o600)
+    control = base / "control.pub"
+    control.write_text(control_public_key_pem())
+    workspaces = base / "workspaces"
+    workspaces.mkdir()
+    return {"key": key, "control": control, "workspaces": workspaces}
+
+
+@pytest.fixture(scope="module")
+def workers(django_db_setup, django_db_blocker, runner_files):
+    """A runner worker and a control worker, both real Celery processes on the real broker."""
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete("runner.default", "control")
+    with django_db_blocker.unblock():
+        database = connection.settings_dict
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
+    runner_env = {
+        **base_env,
+        "KESTREL_RUNNER_ID": RUNNER_ID,
+        "KESTREL_RUNNER_POOL": "default",
+        "KESTREL_RUNNER_KEY_FILE": str(runner_files["key"]),
+        "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(runner_files["control"]),
+        "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
+        "KESTREL_WORKSPACE_ROOT": str(runner_files["workspaces"]),
+        "KESTREL_SANDBOX": "docker",
+        "KESTREL_MAX_CALL_SECONDS": "60",
+    }
+    control_env = {
+        **base_env,
+        "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
+        "TEST_DATABASE_URL": (
+            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+        ),
+        "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
+        "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
+    }
+    logs = runner_files["workspaces"].parent
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
+        cwd=ROOT,
+        env=runner_env,
+        stdout=open(logs / "runner.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    control = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "kestrel_one.celery",
+            "worker",
+            "-Q",
+            "control",
+            "--pool",
+            "solo",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ],
+        cwd=ROOT,
+        env=control_env,
+        stdout=open(logs / "control.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    yield {"logs": logs}
+    _stop(runner)
+    _stop(control)
+
+
+@pytest.fixture
+def e2e(workers, runner_files, world):
+    system = system_principal("tests")
+    runner = runner_enroll(
+        actor=system,
+        pool="default",
+        public_key_pem=public_key_pem(runner_files["key"].read_bytes()).decode(),
+    )
+    Runner.objects.filter(pk=runner.pk).update(public_id=RUNNER_ID)
+    environment = environment_create(actor=system, organization=world.org, name="e2e")
+    policy_publish_environment(actor=system, environment=environment, document=E2E_POLICY)
+    project = project_create(
+        actor=system, organization=world.org, environment=environment, name="e2e"
+    )
+    thread = thread_create(actor=system, project=project, title="e2e", mode="agent")
+    owner = world["owner"]
+    return {
+        "thread": thread,
+        "actor": Principal(PrincipalKind.TOKEN, user=owner.user, token=owner.token),
+        "workspace": runner_files["workspaces"] / project.public_id,
+        "logs": workers["logs"],
+    }
+
+
+def run(e2e, tool: str, args: dict) -> Action:
+    action = action_request(actor=e2e["actor"], thread=e2e["thread"], tool=tool, args=args)
+    assert action.state == ActionState.QUEUED, action.decision
+    for _ in range(600):  # bounded by attempts: 600 polls of 0.2 s
+        action.refresh_from_db()
+        if action.state in {ActionState.SUCCEEDED, ActionState.FAILED}:
+            return action
+        time.sleep(0.2)
+    logs = "".join(
+        (e2e["logs"] / name).read_text()[-3000:] for name in ("runner.log", "control.log")
+    )
+    raise AssertionError(f"{tool} never finished ({action.state}); worker logs:\n{logs}")
+
+
+def assert_receipt(action: Action) -> Receipt:
+    receipt = Receipt.objects.get(action=action)
+    assert receipt.call_id == action.public_id
+    assert receipt.tool == action.tool and receipt.args == action.args
+    assert receipt.scope == {
+        "org": action.organization.public_id,
+        "env": action.environment.public_id,
+        "prj": action.project.public_id,
+        "thr": action.thread.public_id,
+    }
+    assert receipt.policy_version == action.policy_version
+    assert receipt.policy_version.startswith("env:pol_")
+    assert receipt.runner == RUNNER_ID
+    assert receipt.result == action.result
+    return receipt
+
+
+@pytest.mark.spec("AUD-3", "RUN-1", "RUN-7")
+def test_every_tool_runs_end_to_end_with_a_receipt(e2e):
+    program = "print('hello from kestrel')\n"
+    wrote = run(e2e, "fs.write", {"path": "src/hello.py", "content": program})
+    assert wrote.state == ActionState.SUCCEEDED, wrote.error
+    assert wrote.result["size"] == len(program.encode())
+    assert wrote.result["sha256"] == hashlib.sha256(program.encode()).hexdigest()
+    assert_receipt(wrote)
+
+    read = run(e2e, "fs.read", {"path": "src/hello.py"})
+    assert read.result["content"] == program
+    assert read.result["sha256"] == wrote.result["sha256"]
+    assert_receipt(read)
+
+    listed = run(e2e, "fs.list", {"path": "src"})
+    assert [entry["name"] for entry in listed.result["entries"]] == ["hello.py"]
+    assert_receipt(listed)
+
+    shell = run(e2e, "shell.exec", {"argv": ["python3", "src/hello.py"]})
+    assert shell.result["exit_code"] == 0
+    assert shell.result["stdout"] == "hello from kestrel\n" and shell.result["stderr"] == ""
+    receipt = assert_receipt(shell)
+    assert receipt.sandbox == "docker"
+
+    script = run(e2e, "shell.exec", {"script": "echo out; echo err >&2; exit 3"})
+    assert (script.result["exit_code"], script.result["stdout"], script.result["stderr"]) == (
+        3,
+        "out\n",
+        "err\n",
+    )
+
+    code = run(e2e, "code.python", {"code": "import os; print(os.environ['TMPDIR'])"})
+    assert code.result["exit_code"] == 0 and code.result["stdout"].strip()
+    assert_receipt(code)
+
+    deleted = run(e2e, "fs.delete", {"path": "src/hello.py"})
+    assert deleted.state == ActionState.SUCCEEDED
+    assert not (e2e["workspace"] / "src" / "hello.py").exists()
+    assert_receipt(deleted)
+
+
+@pytest.mark.spec("RUN-6")
+def test_a_refused_path_is_a_failed_action_with_a_receipt(e2e):
+    (e2e["workspace"]).mkdir(parents=True, exist_ok=True)
+    os.symlink("/etc", e2e["workspace"] / "etc-link")
+    refused = run(e2e, "fs.read", {"path": "etc-link/passwd"})
+    assert refused.state == ActionState.FAILED
+    assert refused.error["code"] == "path_refused"
+    assert "root:" not in str(refused.error)
+    assert Receipt.objects.get(action=refused).outcome == "failed"
