@@ -20,8 +20,9 @@ from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.accounts.scopes import ROLE_SCOPES, Role
 from kestrel_one.accounts.services import token_create
+from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.governance.services import policy_publish_environment
-from runners.protocol import generate_private_key_pem
+from runners.protocol import generate_private_key_pem, public_key_pem
 from runners.sandbox import DockerBackend, SandboxUnavailable
 from tests.factories import (
     EnvironmentFactory,
@@ -121,6 +122,7 @@ class World:
     foreign_environment: object
     foreign_project: object
     empty_environment: object
+    runner: object
     actors: dict[str, Actor] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Actor:
@@ -160,6 +162,12 @@ def world(db) -> World:
     )
     # An environment with no projects, which an admin is allowed to delete.
     empty_environment = EnvironmentFactory(organization=org, name="scratch")
+    runner = runner_enroll(
+        actor=system_principal("tests"),
+        organization=org,
+        pool="acme-pool",
+        public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+    )
     world = World(
         org,
         other_org,
@@ -169,6 +177,7 @@ def world(db) -> World:
         foreign_environment,
         foreign_project,
         empty_environment,
+        runner,
     )
     for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER):
         world.actors[role.value] = make_person(org, role, name=role.value)

@@ -4,6 +4,7 @@ from django.urls import path
 
 from kestrel_one.accounts.api import TokenViewSet
 from kestrel_one.api.views import DocsView, HealthView, SchemaView
+from kestrel_one.execution.api import RunnerViewSet
 from kestrel_one.governance.api import (
     EffectivePolicyViewSet,
     EnvironmentPolicyViewSet,
@@ -67,5 +68,11 @@ urlpatterns = [
         f"{ORG}/projects/<str:prj>/explain",
         ExplainViewSet.as_view({"post": "create"}),
         name="project-explain",
+    ),
+    path(f"{ORG}/runners", RunnerViewSet.as_view({"get": "list"}), name="runner-list"),
+    path(
+        f"{ORG}/runners/<str:id>",
+        RunnerViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="runner-detail",
     ),
 ]

@@ -71,6 +71,8 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:project-policy": {"prj": lambda w: w.project.public_id},
     "api:project-effective-policy": {"prj": lambda w: w.project.public_id},
     "api:project-explain": {"prj": lambda w: w.project.public_id},
+    "api:runner-list": {},
+    "api:runner-detail": {"id": lambda w: w.runner.public_id},
 }
 
 READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}

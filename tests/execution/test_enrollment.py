@@ -1,0 +1,115 @@
+"""Enrolling, listing and revoking runners."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.execution.enrollment import runner_enroll
+from kestrel_one.execution.models import Runner
+from runners.protocol import generate_private_key_pem, public_key_pem
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.spec("RUN-1")
+
+
+def test_runner_enroll_prints_what_the_runner_needs(tmp_path):
+    key = tmp_path / "runner.key"
+    completed = subprocess.run(
+        [sys.executable, "-m", "runners", "keygen", "--out", str(key)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    public = tmp_path / "runner.pub"
+    public.write_text(completed.stdout)
+    env = {
+        **os.environ,
+        "KESTREL_MODE": "single-host",
+        "KESTREL_DATA_DIR": str(tmp_path / "var"),
+        "DJANGO_SETTINGS_MODULE": "kestrel_one.settings",
+    }
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    enrolled = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "runner_enroll",
+            "--pool",
+            "default",
+            "--public-key",
+            str(public),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    body = json.loads(enrolled.stdout)
+    assert body["runner"].startswith("run_") and body["pool"] == "default"
+    assert "BEGIN PUBLIC KEY" in body["control_public_key"]
+    assert "PRIVATE" not in enrolled.stdout
+    assert key.read_text() not in enrolled.stdout
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "runner_enroll",
+            "--pool",
+            "default",
+            "--public-key",
+            str(key),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode != 0 and "Ed25519 public key" in bad.stderr
+
+
+def test_org_admin_lists_only_its_own_runners(world):
+    runner_enroll(
+        actor=system_principal("tests"),
+        pool="default",
+        public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+    )
+    listed = world["owner"].client().get("/api/v1/orgs/acme/runners").json()["results"]
+    assert [r["id"] for r in listed] == [world.runner.public_id]
+    assert "public_key" not in listed[0] and len(listed[0]["key_fingerprint"]) == 64
+    assert world["outsider"].client().get("/api/v1/orgs/globex/runners").json()["results"] == []
+
+
+def test_revoking_a_runner_is_audited_and_final(world):
+    owner = world["owner"].client()
+    url = f"/api/v1/orgs/acme/runners/{world.runner.public_id}"
+    assert owner.delete(url).json()["revoked_at"]
+    assert Runner.objects.get(pk=world.runner.pk).revoked_at is not None
+    assert world.org.audit_records.filter(action="runner.revoke").count() == 1
+    assert owner.delete(url).status_code == 200
+    assert world.org.audit_records.filter(action="runner.revoke").count() == 1
+
+
+def test_members_cannot_see_runners(world):
+    response = world["member"].client().get("/api/v1/orgs/acme/runners")
+    assert response.status_code == 403
+
+
+def test_enrollment_refuses_a_bad_pool_name(db):
+    with pytest.raises(ValidationFailed, match="pool"):
+        runner_enroll(
+            actor=system_principal("tests"),
+            pool="no spaces/allowed",
+            public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+        )
