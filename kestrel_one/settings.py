@@ -260,7 +260,9 @@ KESTREL_MAX_CALL_SECONDS = env_int("KESTREL_MAX_CALL_SECONDS", 600)
 # How long after its deadline the sweep waits before it ends a silent call.
 KESTREL_CALL_GRACE_SECONDS = env_int("KESTREL_CALL_GRACE_SECONDS", 60)
 
-CELERY_BROKER_URL = REDIS_URL or f"sqla+sqlite:///{KESTREL_DATA_DIR / 'broker.sqlite3'}"
+# Execution needs a broker (Redis). Without one, requests that would run something are
+# refused with a clear error rather than queued where nothing will ever take them.
+CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -33,3 +33,8 @@ class NotFound(KestrelError):
 class Conflict(KestrelError):
     code = "conflict"
     status = 409
+
+
+class Unavailable(KestrelError):
+    code = "unavailable"
+    status = 503

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from kestrel_one.accounts.principal import runner_principal, system_principal
 from kestrel_one.audit.services import audit_record
+from kestrel_one.common.errors import Unavailable
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
 from kestrel_one.governance.selectors import effective_policy
@@ -70,6 +71,11 @@ def action_scope(action: Action) -> dict:
 @transaction.atomic
 def action_request(*, actor, thread, tool: str, args) -> Action:
     """Validate, decide and record one call; an allowed call is dispatched after commit."""
+    if not settings.CELERY_BROKER_URL:
+        raise Unavailable(
+            "Execution is off: no broker is configured. Set REDIS_URL (for example "
+            "redis://127.0.0.1:6379/0) and restart the service."
+        )
     project = thread.project
     tool_spec, canonical, policy_request = tool_call_request(tool, args)
     mode = resolve_mode(Mode(thread.mode), wants_plan=False)

@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from kestrel_one.api.authentication import is_loopback
+from kestrel_one.execution.local import start_local_workers, stop_local_workers
 from kestrel_one.tenancy.models import Organization
 
 LOCAL_ORG = "local"
@@ -22,8 +23,10 @@ def binds_loopback_only(host: str) -> bool:
 class Command(BaseCommand):
     help = (
         "Run Kestrel One: the web service (gunicorn) on 127.0.0.1:8000 by default. In "
-        "single-host mode it applies migrations first and, on an empty database, creates a "
-        "local owner and prints once how to sign in and a token. It refuses to listen on a "
+        "single-host mode it applies migrations first, on an empty database creates a local "
+        "owner and prints once how to sign in and a token, and (when REDIS_URL names a broker) "
+        "also runs the control worker with its scheduler and a runner, which execute calls "
+        "through the same signed path as hosted runners. It refuses to listen on a "
         "non-loopback address in single-host mode unless KESTREL_SERVER_TOKEN is set."
     )
 
@@ -37,8 +40,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--workers", type=int, default=2, help="web worker processes")
         parser.add_argument("--threads", type=int, default=8, help="threads per web worker")
+        parser.add_argument(
+            "--web-only",
+            action="store_true",
+            help="single-host: do not start the control worker and runner",
+        )
 
-    def handle(self, *args, host, port, workers, threads, **options):
+    def handle(self, *args, host, port, workers, threads, web_only, **options):
         if (
             settings.SINGLE_HOST
             and not binds_loopback_only(host)
@@ -48,10 +56,23 @@ class Command(BaseCommand):
                 f"Refusing to listen on {host}: in single-host mode a non-loopback address needs "
                 "KESTREL_SERVER_TOKEN, so that callers from other machines must present it."
             )
+        children = []
         if settings.SINGLE_HOST:
             call_command("migrate", interactive=False, verbosity=0)
             self._first_run_owner(host, port)
-        self._run_web(host, port, workers, threads)
+            if web_only:
+                pass
+            elif settings.CELERY_BROKER_URL:
+                children = start_local_workers(self.stdout)
+            else:
+                self.stdout.write(
+                    "Execution is off: set REDIS_URL (for example redis://127.0.0.1:6379/0) to "
+                    "run the control worker and a runner with the web service."
+                )
+        try:
+            self._run_web(host, port, workers, threads)
+        finally:
+            stop_local_workers(children)
 
     def _first_run_owner(self, host: str, port: int) -> None:
         if Organization.objects.exists():

@@ -1,0 +1,106 @@
+"""Single-host mode: the control worker and a runner as child processes of ``serve``.
+
+The local runner is enrolled like any other: its own key in the data folder (0600), its
+public key registered, the control plane's public key handed to it. It gets no database URL
+and no secret but its key, exactly as a hosted runner, so single-host runs the same signed path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from django.conf import settings
+
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.execution.enrollment import runner_enroll
+from kestrel_one.execution.keys import control_public_key_pem
+from kestrel_one.execution.models import Runner
+from runners.protocol import generate_private_key_pem, public_key_pem
+
+# Only what a process needs to run at all; the runner gets nothing else from our environment.
+_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "DOCKER_HOST", "VIRTUAL_ENV")
+
+
+def local_runner_environment() -> dict[str, str]:
+    """Enroll the local runner if needed and return the environment its process gets."""
+    folder = settings.KESTREL_DATA_DIR / "runner"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key_file = folder / "runner.key"
+    if not key_file.exists():
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(generate_private_key_pem())
+    public = public_key_pem(key_file.read_bytes()).decode()
+    runner = Runner.objects.filter(
+        public_key=public,
+        organization__isnull=True,
+        revoked_at__isnull=True,
+        pool=settings.KESTREL_DEFAULT_POOL,
+    ).first()
+    if runner is None:
+        runner = runner_enroll(
+            actor=system_principal("serve"),
+            pool=settings.KESTREL_DEFAULT_POOL,
+            public_key_pem=public,
+            name="single-host runner",
+        )
+    control_key = folder / "control.pub"
+    control_key.write_text(control_public_key_pem())
+    workspaces = settings.KESTREL_DATA_DIR / "workspaces"
+    workspaces.mkdir(parents=True, exist_ok=True)
+    return {
+        **{name: os.environ[name] for name in _BASE_ENV if name in os.environ},
+        "KESTREL_RUNNER_ID": runner.public_id,
+        "KESTREL_RUNNER_POOL": runner.pool,
+        "KESTREL_RUNNER_KEY_FILE": str(key_file),
+        "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_key),
+        "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
+        "KESTREL_WORKSPACE_ROOT": str(workspaces),
+        "KESTREL_SANDBOX": os.environ.get("KESTREL_SANDBOX", "auto"),
+        "KESTREL_MAX_CALL_SECONDS": str(settings.KESTREL_MAX_CALL_SECONDS),
+    }
+
+
+def start_local_workers(stdout) -> list[subprocess.Popen]:
+    control = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "kestrel_one.celery",
+            "worker",
+            "-Q",
+            "control",
+            "--beat",
+            "--concurrency",
+            "2",
+            "--schedule",
+            str(settings.KESTREL_DATA_DIR / "celerybeat-schedule"),
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ],
+        env=os.environ.copy(),
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
+        env=local_runner_environment(),
+    )
+    stdout.write(f"Control worker and runner started (pool {settings.KESTREL_DEFAULT_POOL}).")
+    return [control, runner]
+
+
+def stop_local_workers(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
