@@ -122,6 +122,7 @@ INSTALLED_APPS = [
     "kestrel_one.governance",
     "kestrel_one.threads",
     "kestrel_one.execution",
+    "kestrel_one.webhooks",
     "kestrel_one.api",
 ]
 
