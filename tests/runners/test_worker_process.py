@@ -10,6 +10,7 @@ bounded; nothing asserts on timing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -400,6 +401,13 @@ def test_worker_killed_mid_call_loses_nothing_and_runs_nothing_twice(runner_setu
     for round_number in range(rounds):
         written = workspace_root / PROJECT / "written" / f"{round_number}.txt"
         assert written.read_text() == f"round {round_number}"
+    lost = [
+        json.loads(line.split("] ", 1)[1])
+        for line in runner.log().splitlines()
+        if '"event": "call_lost"' in line
+    ]
+    assert sorted(entry["call_id"] for entry in lost) == sorted(shells)
+    assert all(entry["reaped_containers"] == 1 for entry in lost)
     # The orphaned containers were removed before the calls were reported lost.
     client = docker.from_env()
     try:
