@@ -260,6 +260,14 @@ KESTREL_COMMAND_TTL_SECONDS = env_int("KESTREL_COMMAND_TTL_SECONDS", 120)
 KESTREL_MAX_CALL_SECONDS = env_int("KESTREL_MAX_CALL_SECONDS", 600)
 # How long after its deadline the sweep waits before it ends a silent call.
 KESTREL_CALL_GRACE_SECONDS = env_int("KESTREL_CALL_GRACE_SECONDS", 60)
+# How long an action may wait for a person's decision before it expires.
+KESTREL_APPROVAL_TTL_SECONDS = env_int("KESTREL_APPROVAL_TTL_SECONDS", 24 * 60 * 60)
+# How long a replay of an Idempotency-Key returns the first response (at least a day).
+KESTREL_IDEMPOTENCY_TTL_SECONDS = max(
+    env_int("KESTREL_IDEMPOTENCY_TTL_SECONDS", 48 * 60 * 60), 24 * 60 * 60
+)
+# The longest a request may long-poll with ?wait=SECONDS.
+KESTREL_MAX_WAIT_SECONDS = env_int("KESTREL_MAX_WAIT_SECONDS", 60)
 
 # Execution needs a broker (Redis). Without one, requests that would run something are
 # refused with a clear error rather than queued where nothing will ever take them.
@@ -278,6 +286,51 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 15.0,
         "options": {"queue": "control"},
     },
+}
+
+
+def env_seconds_list(name: str, default: str) -> list[float]:
+    raw = env_str(name, default) or default
+    try:
+        values = [float(part) for part in raw.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be comma-separated seconds, got {raw!r}") from exc
+    if not values or any(value < 0 for value in values):
+        raise ImproperlyConfigured(f"{name} needs at least one non-negative delay, got {raw!r}")
+    return values
+
+
+# Webhooks (docs/webhooks.md). Retries wait these delays in turn (each with +/-20% jitter):
+# about 24 hours in all, then the delivery is failed.
+KESTREL_WEBHOOK_RETRY_DELAYS = env_seconds_list(
+    "KESTREL_WEBHOOK_RETRY_DELAYS", "5,30,120,600,1800,3600,7200,14400,28800,28800"
+)
+KESTREL_WEBHOOK_CONNECT_TIMEOUT_SECONDS = env_int("KESTREL_WEBHOOK_CONNECT_TIMEOUT_SECONDS", 5)
+KESTREL_WEBHOOK_TIMEOUT_SECONDS = env_int("KESTREL_WEBHOOK_TIMEOUT_SECONDS", 15)
+KESTREL_WEBHOOK_MAX_RESPONSE_BYTES = env_int("KESTREL_WEBHOOK_MAX_RESPONSE_BYTES", 64 * 1024)
+# A claimed delivery whose worker went silent this long is taken again by the sweep; it must
+# exceed the longest attempt (the timeout above).
+KESTREL_WEBHOOK_LEASE_SECONDS = env_int("KESTREL_WEBHOOK_LEASE_SECONDS", 120)
+KESTREL_WEBHOOK_SWEEP_SECONDS = env_int("KESTREL_WEBHOOK_SWEEP_SECONDS", 30)
+# How long the previous signing secret keeps signing after a rotation unless the caller says.
+KESTREL_WEBHOOK_ROTATION_OVERLAP_SECONDS = env_int(
+    "KESTREL_WEBHOOK_ROTATION_OVERLAP_SECONDS", 24 * 60 * 60
+)
+# Signing secrets are encrypted with a key derived from this (or from SECRET_KEY when unset).
+KESTREL_WEBHOOK_ENCRYPTION_KEY = env_str("KESTREL_WEBHOOK_ENCRYPTION_KEY")
+# Development and tests only: addresses or CIDRs a destination may resolve to even though they
+# are private, loopback or otherwise refused. Never set this in a hosted deployment.
+KESTREL_WEBHOOK_ALLOW_ADDRESSES = [
+    part.strip()
+    for part in (env_str("KESTREL_WEBHOOK_ALLOW_ADDRESSES") or "").split(",")
+    if part.strip()
+]
+# An extra CA bundle (PEM) to trust for destinations, e.g. a private CA; system CAs otherwise.
+KESTREL_WEBHOOK_CA_BUNDLE = env_str("KESTREL_WEBHOOK_CA_BUNDLE")
+CELERY_BEAT_SCHEDULE["sweep-webhook-deliveries"] = {
+    "task": "control.webhooks.sweep",
+    "schedule": float(KESTREL_WEBHOOK_SWEEP_SECONDS),
+    "options": {"queue": "control"},
 }
 
 LOGGING = {

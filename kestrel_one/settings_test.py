@@ -13,6 +13,8 @@ DATABASES = {
         env_str("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     )
 }
+# Separate names let two suites run on one server at once (TEST_DATABASE_NAME=...).
+DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_kestrel")}
 REDIS_URL = env_str("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_BROKER_URL = REDIS_URL
 # Argon2 is deliberately slow; tests create many users.

@@ -17,11 +17,15 @@ from guardian.shortcuts import assign_perm
 from rest_framework.test import APIClient
 
 from kestrel_one.accounts.models import ApiToken
-from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.accounts.scopes import ROLE_SCOPES, Role
 from kestrel_one.accounts.services import token_create
 from kestrel_one.execution.enrollment import runner_enroll
+from kestrel_one.execution.models import Action, Receipt
+from kestrel_one.execution.plans import plan_propose
+from kestrel_one.execution.services import action_request
 from kestrel_one.governance.services import policy_publish_environment
+from kestrel_one.threads.services import thread_create
 from runners.protocol import generate_private_key_pem, public_key_pem
 from runners.sandbox import DockerBackend, SandboxUnavailable
 from tests.factories import (
@@ -146,6 +150,52 @@ def make_person(organization, role: Role, *, name: str, projects=None) -> Actor:
     return Actor(name, role, user, token, plaintext, membership)
 
 
+def add_work(world: World) -> None:
+    """Threads, actions, a receipt and a plan in acme, made by an integration (an agent), so
+    that every person in the walker is someone other than the requester."""
+    token, _ = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="agent",
+        scopes=["org:read", "projects:read", "projects:write"],
+        integration=True,
+    )
+    agent = Principal(PrincipalKind.TOKEN, token=token)
+    world.agent = agent
+    world.thread = thread_create(actor=agent, project=world.project, title="build", mode="agent")
+    world.action = action_request(
+        actor=agent, thread=world.thread, tool="shell.exec", args={"argv": ["make", "test"]}
+    )
+    assert world.action.state == "awaiting_approval"
+    finished = action_request(
+        actor=agent, thread=world.thread, tool="fs.read", args={"path": "README.md"}
+    )
+    Action.objects.filter(pk=finished.pk).update(state="succeeded", result={"content": "hi"})
+    finished.refresh_from_db()
+    Receipt.objects.create(
+        action=finished,
+        organization=world.org,
+        call_id=finished.public_id,
+        tool=finished.tool,
+        args=finished.args,
+        args_digest=finished.args_digest,
+        action_digest=finished.action_digest,
+        scope={"prj": world.project.public_id},
+        outcome="succeeded",
+        result=finished.result,
+        policy_version=finished.policy_version,
+    )
+    world.finished_action = finished
+    world.plan_thread = thread_create(
+        actor=agent, project=world.project, title="plan it", mode="plan"
+    )
+    world.plan = plan_propose(
+        actor=agent,
+        thread=world.plan_thread,
+        steps=[{"tool": "fs.write", "args": {"path": "src/a.py", "content": "x"}}],
+    )
+
+
 @pytest.fixture
 def world(db) -> World:
     org = OrganizationFactory(slug="acme", name="Acme Rockets")
@@ -185,6 +235,7 @@ def world(db) -> World:
         org, Role.MEMBER, name="limited", projects=[other_project]
     )
     world.actors["outsider"] = make_person(other_org, Role.OWNER, name="outsider")
+    add_work(world)
     world.actors["anonymous"] = Actor("anonymous", None, None, None, None)
     return world
 

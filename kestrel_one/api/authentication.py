@@ -16,6 +16,7 @@ from rest_framework.authentication import BaseAuthentication
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.services import token_authenticate
+from kestrel_one.audit.services import audit_authentication_failure
 
 TOKEN_HEADER = "HTTP_X_KESTREL_TOKEN"  # noqa: S105 - a header name
 
@@ -92,6 +93,8 @@ class KestrelTokenAuthentication(BaseAuthentication):
             return owner, Principal(PrincipalKind.LOCAL_OWNER, user=owner, anonymous=False)
         token = token_authenticate(value)
         if token is None:
+            # A revoked or expired token of a known organization is worth an audit row there.
+            audit_authentication_failure(value)
             raise exceptions.AuthenticationFailed("The token is invalid, expired or revoked.")
         return token.user, Principal(PrincipalKind.TOKEN, user=token.user, token=token)
 

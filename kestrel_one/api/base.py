@@ -84,17 +84,29 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
 
 
 class ProjectScopedViewSet(OrgScopedViewSet):
-    """For routes under ``/projects/{prj}/``: the project must be visible to the principal."""
+    """For routes under ``/projects/{prj}/`` (and ``/threads/{thr}/`` below it): the project
+    must be visible to the principal, and the thread is fetched through that project."""
 
     protected_methods = ("resolve_parents",)
 
     def resolve_parents(self, **kwargs) -> None:
+        from kestrel_one.threads.models import Thread
+
         project = (
             Project.objects.visible_to(self.principal, self.organization)
-            .select_related("environment")
+            .select_related("environment", "organization")
             .filter(public_id=kwargs.get("prj"))
             .first()
         )
         if project is None:
             raise NotFound()
         self.project = project
+        self.thread = None
+        if "thr" in kwargs:
+            self.thread = (
+                Thread.objects.select_related("project", "organization")
+                .filter(public_id=kwargs["thr"], project=project)
+                .first()
+            )
+            if self.thread is None:
+                raise NotFound()

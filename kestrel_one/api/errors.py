@@ -31,6 +31,35 @@ def _validation_message(details) -> str:
 
 
 def exception_handler(exc, context):
+    response = _error_response(exc, context)
+    if response is not None and response.status_code == status.HTTP_403_FORBIDDEN:
+        _audit_refusal(exc, context)
+    return response
+
+
+def _audit_refusal(exc, context) -> None:
+    """Record a member's 403 in the organization's audit log.
+
+    Only views that resolved an organization *through* the principal carry one, so an
+    outsider (who gets the 404 before that) can never write into another organization's log.
+    """
+    from kestrel_one.audit.services import audit_authorization_refusal
+
+    view = context.get("view")
+    request = context.get("request")
+    organization = getattr(view, "organization", None)
+    if organization is None or request is None or request.auth is None:
+        return
+    audit_authorization_refusal(
+        organization=organization,
+        actor=request.auth,
+        method=request.method,
+        path=request.path,
+        reason=str(getattr(exc, "message", None) or getattr(exc, "detail", "")),
+    )
+
+
+def _error_response(exc, context):
     if isinstance(exc, KestrelError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
     if isinstance(exc, Http404 | exceptions.NotFound):

@@ -4,7 +4,16 @@ from django.urls import path
 
 from kestrel_one.accounts.api import TokenViewSet
 from kestrel_one.api.views import DocsView, HealthView, SchemaView
+from kestrel_one.audit.api import AuditRecordViewSet
 from kestrel_one.execution.api import RunnerViewSet
+from kestrel_one.execution.http import (
+    ActionDecisionViewSet,
+    ActionViewSet,
+    PlanAcceptViewSet,
+    PlanViewSet,
+    ReceiptViewSet,
+    VerificationViewSet,
+)
 from kestrel_one.governance.api import (
     EffectivePolicyViewSet,
     EnvironmentPolicyViewSet,
@@ -19,12 +28,17 @@ from kestrel_one.tenancy.api import (
     OrganizationViewSet,
     ProjectViewSet,
 )
+from kestrel_one.threads.api import EventViewSet, ThreadViewSet
+from kestrel_one.webhooks.api import WebhookDeliveryViewSet, WebhookEndpointViewSet
 
 LIST = {"get": "list", "post": "create"}
 DETAIL = {"get": "retrieve", "patch": "partial_update", "delete": "destroy"}
 POLICY = {"get": "retrieve", "put": "update"}
 
 ORG = "orgs/<slug:org>"
+WHK = f"{ORG}/webhooks/<str:id>"
+THR = f"{ORG}/projects/<str:prj>/threads/<str:thr>"
+ACT = f"{THR}/actions/<str:act>"
 
 urlpatterns = [
     path("health", HealthView.as_view(), name="health"),
@@ -69,10 +83,46 @@ urlpatterns = [
         ExplainViewSet.as_view({"post": "create"}),
         name="project-explain",
     ),
+    path(f"{ORG}/audit", AuditRecordViewSet.as_view({"get": "list"}), name="audit-list"),
     path(f"{ORG}/runners", RunnerViewSet.as_view({"get": "list"}), name="runner-list"),
     path(
         f"{ORG}/runners/<str:id>",
         RunnerViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
         name="runner-detail",
+    ),
+    path(f"{ORG}/projects/<str:prj>/threads", ThreadViewSet.as_view(LIST), name="thread-list"),
+    path(THR, ThreadViewSet.as_view({"get": "retrieve"}), name="thread-detail"),
+    path(f"{THR}/events", EventViewSet.as_view({"get": "list"}), name="thread-events"),
+    path(f"{THR}/actions", ActionViewSet.as_view(LIST), name="action-list"),
+    path(ACT, ActionViewSet.as_view({"get": "retrieve"}), name="action-detail"),
+    path(
+        f"{ACT}/approve", ActionDecisionViewSet.as_view({"post": "approve"}), name="action-approve"
+    ),
+    path(f"{ACT}/deny", ActionDecisionViewSet.as_view({"post": "deny"}), name="action-deny"),
+    path(f"{ACT}/receipt", ReceiptViewSet.as_view({"get": "retrieve"}), name="action-receipt"),
+    path(f"{ACT}/verifications", VerificationViewSet.as_view(LIST), name="action-verifications"),
+    path(f"{THR}/plans", PlanViewSet.as_view(LIST), name="plan-list"),
+    path(f"{THR}/plans/<str:plan>", PlanViewSet.as_view({"get": "retrieve"}), name="plan-detail"),
+    path(
+        f"{THR}/plans/<str:plan>/accept",
+        PlanAcceptViewSet.as_view({"post": "accept"}),
+        name="plan-accept",
+    ),
+    path(f"{ORG}/webhooks", WebhookEndpointViewSet.as_view(LIST), name="webhook-list"),
+    path(f"{WHK}", WebhookEndpointViewSet.as_view(DETAIL), name="webhook-detail"),
+    path(
+        f"{WHK}/rotate-secret",
+        WebhookEndpointViewSet.as_view({"post": "rotate_secret"}),
+        name="webhook-rotate-secret",
+    ),
+    path(
+        f"{WHK}/deliveries",
+        WebhookDeliveryViewSet.as_view({"get": "list"}),
+        name="webhook-deliveries",
+    ),
+    path(
+        f"{WHK}/deliveries/<str:dlv>/retry",
+        WebhookDeliveryViewSet.as_view({"post": "retry"}),
+        name="webhook-delivery-retry",
     ),
 ]

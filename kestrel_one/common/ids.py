@@ -27,8 +27,12 @@ PREFIXES = frozenset(
         "tok",
         "run",
         "whk",
+        "msg",
+        "dlv",
         "pol",
         "aud",
+        "pln",
+        "ver",
     }
 )
 

@@ -100,6 +100,14 @@ class Action(models.Model):
     deadline_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
+    # Named explicitly by the request; checked to belong to this thread and to match exactly.
+    plan = models.ForeignKey(
+        "execution.Plan", null=True, blank=True, on_delete=models.SET_NULL, related_name="actions"
+    )
+    plan_step = models.PositiveIntegerField(null=True, blank=True)
+    # Known prompt-injection patterns seen in the arguments or the tool's output. Shown to
+    # approvers; they never change what is allowed, in either direction.
+    flags = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -143,3 +151,104 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.public_id} for {self.call_id}"
+
+
+class Approval(models.Model):
+    """A person's decision on one action, bound to that action's exact digest."""
+
+    public_id = PublicIdField("apr")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    # One decision per action: a second approval, or an approval after a denial, is refused.
+    action = models.OneToOneField(Action, on_delete=models.CASCADE, related_name="approval")
+    action_digest = models.CharField(max_length=64)
+    decision = models.CharField(
+        max_length=8, choices=[("approved", "approved"), ("denied", "denied")]
+    )
+    reason = models.TextField(blank=True, max_length=2000)
+    decided_by = models.ForeignKey("accounts.User", on_delete=models.PROTECT, related_name="+")
+    decided_by_token = models.ForeignKey(
+        "accounts.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} {self.decision} {self.action_id}"
+
+
+class Plan(models.Model):
+    """An ordered list of proposed tool calls; executable only once a person accepts it."""
+
+    STATES = [(s, s) for s in ("proposed", "accepted", "rejected")]
+
+    public_id = PublicIdField("pln")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    thread = models.ForeignKey("threads.Thread", on_delete=models.CASCADE, related_name="plans")
+    # [{"tool", "args" (canonical), "args_digest"}, ...]
+    steps = models.JSONField()
+    state = models.CharField(max_length=10, choices=STATES, default="proposed")
+    proposed_by = models.CharField(max_length=64)
+    proposed_by_token = models.ForeignKey(
+        "accounts.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    accepted_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    flags = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.state})"
+
+
+class Verification(models.Model):
+    """Whether a task was accepted, on what evidence: kept apart from the receipt's observed
+    effects, which alone never make a task accepted (AUD-4)."""
+
+    public_id = PublicIdField("ver")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="verifications")
+    accepted = models.BooleanField()
+    evidence = models.TextField(max_length=10000)
+    # A person (user public id) or a named check ("check:<name>").
+    verified_by = models.CharField(max_length=64)
+    check_name = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} accepted={self.accepted}"
+
+
+class IdempotencyKey(models.Model):
+    """The first response to a request sent with an Idempotency-Key, kept for replays."""
+
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="+"
+    )
+    # Keys are per caller: two callers may use the same key without colliding.
+    actor_id = models.CharField(max_length=64)
+    key = models.CharField(max_length=255)
+    request_digest = models.CharField(max_length=64)
+    action = models.ForeignKey(
+        Action, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "actor_id", "key"], name="idempotency_key_per_caller"
+            )
+        ]
+        indexes = [models.Index(fields=["created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.actor_id}:{self.key}"

@@ -15,9 +15,17 @@ from django.utils import timezone
 
 from kestrel_one.accounts.principal import runner_principal, system_principal
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import Unavailable
+from kestrel_one.common.errors import Unavailable, ValidationFailed
+from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.keys import control_private_key
-from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
+from kestrel_one.execution.models import (
+    Action,
+    ActionState,
+    IdempotencyKey,
+    Plan,
+    Receipt,
+    Runner,
+)
 from kestrel_one.governance.selectors import effective_policy
 from kestrel_one.governance.tools import tool_call_request
 from kestrel_one.threads.services import event_append
@@ -68,9 +76,40 @@ def action_scope(action: Action) -> dict:
     }
 
 
+def _plan_step(*, thread, plan_id: str, step: int, tool: str, args_digest: str):
+    """The accepted plan step this action names, checked exactly: never found by similarity."""
+    plan = Plan.objects.filter(public_id=plan_id, thread=thread).first()
+    if plan is None:
+        raise ValidationFailed(
+            "No such plan in this thread.", details={"plan_step.plan": ["not in this thread"]}
+        )
+    if plan.state != "accepted":
+        raise ValidationFailed(
+            f"This plan is {plan.state}; a person must accept it first.",
+            details={"plan_step.plan": [f"plan is {plan.state}"]},
+        )
+    if not 0 <= step < len(plan.steps):
+        raise ValidationFailed(
+            f"The plan has {len(plan.steps)} step(s).", details={"plan_step.step": ["out of range"]}
+        )
+    expected = plan.steps[step]
+    if expected["tool"] != tool or expected["args_digest"] != args_digest:
+        raise ValidationFailed(
+            "This action does not match the plan step it names (tool and arguments must be "
+            "exactly the accepted ones).",
+            details={"plan_step": ["does not match the accepted step"]},
+        )
+    return plan
+
+
 @transaction.atomic
-def action_request(*, actor, thread, tool: str, args) -> Action:
-    """Validate, decide and record one call; an allowed call is dispatched after commit."""
+def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = None) -> Action:
+    """Validate, decide and record one call; an allowed call is dispatched after commit.
+
+    The thread's mode applies (Auto resolves to Ask). An action naming a step of a plan a
+    person accepted runs in Agent mode: the acceptance is that person's explicit act, and it
+    covers exactly that step's tool and arguments.
+    """
     if not settings.CELERY_BROKER_URL:
         raise Unavailable(
             "Execution is off: no broker is configured. Set REDIS_URL (for example "
@@ -78,7 +117,17 @@ def action_request(*, actor, thread, tool: str, args) -> Action:
         )
     project = thread.project
     tool_spec, canonical, policy_request = tool_call_request(tool, args)
-    mode = resolve_mode(Mode(thread.mode), wants_plan=False)
+    args_digest = digest(canonical)
+    plan = None
+    if plan_step is not None:
+        plan = _plan_step(
+            thread=thread,
+            plan_id=plan_step["plan"],
+            step=plan_step["step"],
+            tool=tool_spec.name,
+            args_digest=args_digest,
+        )
+    mode = Mode.AGENT if plan else resolve_mode(Mode(thread.mode), wants_plan=False)
     effective = effective_policy(project=project, principal=actor, mode=mode)
     decision = decide(effective.policy, policy_request, version=effective.version)
     scope = {
@@ -87,7 +136,7 @@ def action_request(*, actor, thread, tool: str, args) -> Action:
         "prj": project.public_id,
         "thr": thread.public_id,
     }
-    args_digest = digest(canonical)
+    flags = injection_flags(canonical)
     action = Action.objects.create(
         organization=project.organization,
         environment=project.environment,
@@ -111,12 +160,22 @@ def action_request(*, actor, thread, tool: str, args) -> Action:
         requested_by_token=actor.token,
         requested_by_user=actor.user,
         pool=settings.KESTREL_DEFAULT_POOL,
+        plan=plan,
+        plan_step=plan_step["step"] if plan else None,
+        flags=flags,
     )
     event_append(
         thread=thread,
         kind="action.requested",
         action=action,
-        data={"action": action.public_id, "tool": action.tool, "args_digest": args_digest},
+        data={
+            "action": action.public_id,
+            "tool": action.tool,
+            "args_digest": args_digest,
+            "mode": mode.value,
+            "flags": flags,
+            "plan_step": {"plan": plan.public_id, "step": plan_step["step"]} if plan else None,
+        },
     )
     event_append(
         thread=thread,
@@ -158,7 +217,7 @@ def action_dispatch(*, action_id: int) -> bool:
 
     with transaction.atomic():
         action = (
-            Action.objects.select_for_update()
+            Action.objects.select_for_update(of=("self",))
             .select_related("organization", "environment", "project", "thread")
             .filter(pk=action_id, state=ActionState.QUEUED, dispatched_at__isnull=True)
             .first()
@@ -226,7 +285,7 @@ def report_ingest(token: str) -> str:
         raise ReportRefused(refused.code, str(refused)) from None
     with transaction.atomic():
         action = (
-            Action.objects.select_for_update()
+            Action.objects.select_for_update(of=("self",))
             .select_related("organization", "environment", "project", "thread")
             .filter(public_id=report.call_id)
             .first()
@@ -286,6 +345,8 @@ def _record_started(action: Action, runner: Runner, report) -> str:
 def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     now = timezone.now()
     state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
+    # Tool output is untrusted data: flagged for people, never read as an instruction.
+    output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}
     moved = Action.objects.filter(
         pk=action.pk, state__in=[ActionState.QUEUED, ActionState.RUNNING]
     ).update(
@@ -295,6 +356,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         result=report.result,
         error=report.error,
         started_at=action.started_at or now,
+        flags=sorted(set(action.flags) | output_flags),
     )
     if not moved:
         return "duplicate-finish"
@@ -345,11 +407,11 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
 def calls_sweep(*, now=None) -> dict:
     """End calls whose runner went silent; send again what never reached the broker."""
     now = now or timezone.now()
-    ended = {"expired": 0, "runner_lost": 0, "redispatched": 0}
+    ended = {"expired": 0, "runner_lost": 0, "redispatched": 0, "approvals_expired": 0}
     for action in Action.objects.filter(
         state=ActionState.QUEUED, dispatched_at__isnull=False, deadline_at__lt=now
     ).select_related("thread", "organization"):
-        if _end(
+        if end_action(
             action,
             ActionState.QUEUED,
             ActionState.EXPIRED,
@@ -360,7 +422,7 @@ def calls_sweep(*, now=None) -> dict:
     for action in Action.objects.filter(
         state=ActionState.RUNNING, deadline_at__lt=now
     ).select_related("thread", "organization"):
-        if _end(
+        if end_action(
             action,
             ActionState.RUNNING,
             ActionState.FAILED,
@@ -368,6 +430,21 @@ def calls_sweep(*, now=None) -> dict:
             "The runner stopped reporting before the call finished.",
         ):
             ended["runner_lost"] += 1
+    approval_deadline = now - timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
+    for action in Action.objects.filter(
+        state=ActionState.AWAITING_APPROVAL, created_at__lt=approval_deadline
+    ).select_related("thread", "organization"):
+        if end_action(
+            action,
+            ActionState.AWAITING_APPROVAL,
+            ActionState.EXPIRED,
+            "approval_expired",
+            "Nobody decided before the approval window closed.",
+        ):
+            ended["approvals_expired"] += 1
+    ended["idempotency_keys_deleted"], _ = IdempotencyKey.objects.filter(
+        created_at__lt=now - timedelta(seconds=settings.KESTREL_IDEMPOTENCY_TTL_SECONDS)
+    ).delete()
     stale = now - timedelta(seconds=10)
     for action_id in Action.objects.filter(
         state=ActionState.QUEUED, dispatched_at__isnull=True, created_at__lt=stale
@@ -377,7 +454,8 @@ def calls_sweep(*, now=None) -> dict:
 
 
 @transaction.atomic
-def _end(action: Action, from_state: str, to_state: str, code: str, message: str) -> bool:
+def end_action(action: Action, from_state: str, to_state: str, code: str, message: str) -> bool:
+    """Move an action to a terminal state with an error, once (a conditional update)."""
     error = {"code": code, "message": message}
     moved = Action.objects.filter(pk=action.pk, state=from_state).update(
         state=to_state, error=error, finished_at=timezone.now()

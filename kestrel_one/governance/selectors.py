@@ -75,6 +75,14 @@ def parse_mode(value: str | None, *, field: str = "mode") -> Mode:
         ) from None
 
 
+def version_label(*, environment_version, project_version, mode: Mode, surface: str) -> str:
+    """The identity decisions record: both versions, the mode and the surface."""
+    return (
+        f"env:{environment_version or 'none'}+prj:{project_version or 'inherit'}"
+        f"+mode:{mode}+surface:{surface}"
+    )
+
+
 @dataclass(frozen=True)
 class EffectivePolicy:
     """The policy one request may use, and the versions it was computed from."""
@@ -87,11 +95,11 @@ class EffectivePolicy:
 
     @property
     def version(self) -> str:
-        """The identity decisions record: both versions, the mode and the surface."""
-        return (
-            f"env:{self.environment_version or 'none'}"
-            f"+prj:{self.project_version or 'inherit'}"
-            f"+mode:{self.mode}+surface:{self.surface}"
+        return version_label(
+            environment_version=self.environment_version,
+            project_version=self.project_version,
+            mode=self.mode,
+            surface=self.surface,
         )
 
     def describe(self) -> dict:
@@ -108,19 +116,32 @@ class EffectivePolicy:
         }
 
 
-def effective_policy(*, project, principal, mode: Mode, surface: str = "api") -> EffectivePolicy:
-    if surface not in SURFACE_MASKS:
-        raise ValidationFailed(f"Unknown surface {surface!r}.", details={"surface": ["unknown"]})
-    # The current pointers come from the database on every call, never from the caller's
-    # (possibly stale) objects; only parsed documents are cached, keyed by content hash.
+def _current_versions(project) -> tuple[PolicyVersion | None, PolicyVersion | None]:
+    """The environment's and the project's current versions, read from the database on every
+    call, never from the caller's (possibly stale) objects."""
     env_version_id, prj_version_id = (
         Project.objects.filter(pk=project.pk)
         .values_list("environment__policy_version_id", "policy_version_id")
         .get()
     )
     versions = PolicyVersion.objects.in_bulk([v for v in (env_version_id, prj_version_id) if v])
-    env_version = versions.get(env_version_id)
-    prj_version = versions.get(prj_version_id)
+    return versions.get(env_version_id), versions.get(prj_version_id)
+
+
+def policy_version_label(*, project, mode: Mode, surface: str = "api") -> str:
+    env_version, prj_version = _current_versions(project)
+    return version_label(
+        environment_version=env_version.public_id if env_version else None,
+        project_version=prj_version.public_id if prj_version else None,
+        mode=mode,
+        surface=surface,
+    )
+
+
+def effective_policy(*, project, principal, mode: Mode, surface: str = "api") -> EffectivePolicy:
+    if surface not in SURFACE_MASKS:
+        raise ValidationFailed(f"Unknown surface {surface!r}.", details={"surface": ["unknown"]})
+    env_version, prj_version = _current_versions(project)
     layers = [policy_of(env_version) or EMPTY_POLICY]
     if prj_version is not None:
         layers.append(policy_of(prj_version))

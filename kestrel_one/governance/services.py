@@ -9,6 +9,7 @@ from kestrel_one.common.errors import KestrelError, ValidationFailed
 from kestrel_one.governance.models import PolicyVersion
 from kestrel_one.governance.selectors import environment_ceiling, policy_of
 from kestrel_one.tenancy.models import Environment, Project
+from kestrel_one.webhooks.services import webhook_emit_policy_published
 from policies import PolicyError, parse_policy, parse_policy_json, widenings
 
 
@@ -61,6 +62,7 @@ def _publish(*, actor, owner, policy) -> PolicyVersion:
             "previous_sha256": current.sha256 if current else None,
         },
     )
+    webhook_emit_policy_published(owner=owner, version=version, previous=current)
     return version
 
 

@@ -6,6 +6,7 @@ from django.db import transaction
 
 from kestrel_one.common.redaction import bounded
 from kestrel_one.threads.models import Thread, ThreadEvent
+from kestrel_one.webhooks.services import webhook_emit_thread_event
 
 EVENT_DATA_MAX_BYTES = 4096
 
@@ -16,7 +17,7 @@ def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> Threa
     locked = Thread.objects.select_for_update().only("pk", "last_event_sequence").get(pk=thread.pk)
     sequence = locked.last_event_sequence + 1
     Thread.objects.filter(pk=thread.pk).update(last_event_sequence=sequence)
-    return ThreadEvent.objects.create(
+    event = ThreadEvent.objects.create(
         thread=thread,
         organization_id=thread.organization_id,
         sequence=sequence,
@@ -24,6 +25,9 @@ def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> Threa
         action=action,
         data=bounded(data, max_bytes=EVENT_DATA_MAX_BYTES),
     )
+    # The webhook outbox row is written in this same transaction (kestrel_one.webhooks).
+    webhook_emit_thread_event(event=event)
+    return event
 
 
 @transaction.atomic

@@ -54,8 +54,37 @@ def org_scoped_routes() -> list[Route]:
     return routes
 
 
+def webhook_objects(world):
+    """An acme webhook endpoint with one failed (so retryable) delivery, made once per world."""
+    if not hasattr(world, "webhook_objects"):
+        from django.db import transaction
+
+        from kestrel_one.accounts.principal import system_principal
+        from kestrel_one.webhooks.models import WebhookDelivery
+        from kestrel_one.webhooks.services import webhook_emit, webhook_endpoint_create
+
+        with transaction.atomic():
+            endpoint, _ = webhook_endpoint_create(
+                actor=system_principal("tests"),
+                organization=world.org,
+                url="https://hooks.example.com/kestrel",
+                event_types=["policy.published"],
+            )
+            message = webhook_emit(
+                organization=world.org, event_type="policy.published", payload={"walker": True}
+            )
+            delivery = WebhookDelivery.objects.get(message=message, endpoint=endpoint)
+            WebhookDelivery.objects.filter(pk=delivery.pk).update(state="failed")
+        world.webhook_objects = (endpoint, delivery)
+    return world.webhook_objects
+
+
 # URL kwarg fillers: world -> value, per route name (object ids differ per route).
 Filler = Callable[[object], str]
+
+PRJ: dict[str, Filler] = {"prj": lambda w: w.project.public_id}
+THREAD: dict[str, Filler] = {**PRJ, "thr": lambda w: w.thread.public_id}
+PLAN_THREAD: dict[str, Filler] = {**PRJ, "thr": lambda w: w.plan_thread.public_id}
 
 KWARGS: dict[str, dict[str, Filler]] = {
     "api:org-detail": {},
@@ -72,7 +101,28 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:project-effective-policy": {"prj": lambda w: w.project.public_id},
     "api:project-explain": {"prj": lambda w: w.project.public_id},
     "api:runner-list": {},
+    "api:audit-list": {},
     "api:runner-detail": {"id": lambda w: w.runner.public_id},
+    "api:webhook-list": {},
+    "api:webhook-detail": {"id": lambda w: webhook_objects(w)[0].public_id},
+    "api:webhook-rotate-secret": {"id": lambda w: webhook_objects(w)[0].public_id},
+    "api:webhook-deliveries": {"id": lambda w: webhook_objects(w)[0].public_id},
+    "api:webhook-delivery-retry": {
+        "id": lambda w: webhook_objects(w)[0].public_id,
+        "dlv": lambda w: webhook_objects(w)[1].public_id,
+    },
+    "api:thread-list": PRJ,
+    "api:thread-detail": THREAD,
+    "api:thread-events": THREAD,
+    "api:action-list": THREAD,
+    "api:action-detail": {**THREAD, "act": lambda w: w.action.public_id},
+    "api:action-approve": {**THREAD, "act": lambda w: w.action.public_id},
+    "api:action-deny": {**THREAD, "act": lambda w: w.action.public_id},
+    "api:action-receipt": {**THREAD, "act": lambda w: w.finished_action.public_id},
+    "api:action-verifications": {**THREAD, "act": lambda w: w.finished_action.public_id},
+    "api:plan-list": PLAN_THREAD,
+    "api:plan-detail": {**PLAN_THREAD, "plan": lambda w: w.plan.public_id},
+    "api:plan-accept": {**PLAN_THREAD, "plan": lambda w: w.plan.public_id},
 }
 
 READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}
@@ -92,6 +142,22 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
     ("api:environment-policy", "put"): lambda w: READ_ONLY_POLICY,
     ("api:project-policy", "put"): lambda w: READ_ONLY_POLICY,
     ("api:project-explain", "post"): lambda w: {"tool": "fs.read", "args": {"path": "README.md"}},
+    ("api:webhook-list", "post"): lambda w: {
+        "url": "https://hooks.example.com/new",
+        "event_types": ["action.awaiting_approval"],
+    },
+    ("api:webhook-detail", "patch"): lambda w: {"description": "changed"},
+    ("api:webhook-rotate-secret", "post"): lambda w: {"overlap_seconds": 60},
+    ("api:webhook-delivery-retry", "post"): lambda w: {},
+    ("api:thread-list", "post"): lambda w: {"title": "new work", "mode": "agent"},
+    ("api:action-list", "post"): lambda w: {"tool": "fs.read", "args": {"path": "README.md"}},
+    ("api:action-approve", "post"): lambda w: {"reason": "looks right"},
+    ("api:action-deny", "post"): lambda w: {"reason": "not now"},
+    ("api:action-verifications", "post"): lambda w: {"accepted": True, "evidence": "tests pass"},
+    ("api:plan-list", "post"): lambda w: {
+        "steps": [{"tool": "fs.read", "args": {"path": "README.md"}}]
+    },
+    ("api:plan-accept", "post"): lambda w: {},
 }
 
 # Routes whose writes are self-service: any member (viewers included) may act on their own

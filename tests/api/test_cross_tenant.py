@@ -27,14 +27,24 @@ WRITE_METHODS = {"post", "put", "patch", "delete"}
 ORG_ACTORS = ("owner", "admin", "member", "viewer", "limited")
 
 
+# A refused request changes nothing except the audit record of its refusal (AUD-1): those
+# rows, and the chain head that moves with them, are left out. Every other audit row still
+# counts, so a refused request that wrote a "success" record would still fail the walk.
+UNCOMPARED = {"last_used_at"}
+UNCOMPARED_BY_MODEL = {"audit.AuditChain": {"last_sequence", "last_hash"}}
+
+
 def database_fingerprint() -> str:
-    """Every tenant row, minus advisory fields, as one comparable string."""
+    """Every tenant row, minus advisory fields and refusal records, as one comparable string."""
     rows = {}
     for label in ("accounts", "tenancy", "audit", "guardian"):
         for model in apps.get_app_config(label).get_models():
+            queryset = model.objects.order_by("pk")
+            if model._meta.label == "audit.AuditRecord":
+                queryset = queryset.exclude(outcome="refused")
+            skipped = UNCOMPARED | UNCOMPARED_BY_MODEL.get(model._meta.label, set())
             values = [
-                {k: v for k, v in row.items() if k != "last_used_at"}
-                for row in model.objects.order_by("pk").values()
+                {k: v for k, v in row.items() if k not in skipped} for row in queryset.values()
             ]
             rows[model._meta.label] = values
     return json.dumps(rows, sort_keys=True, default=str)

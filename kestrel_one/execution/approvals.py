@@ -1,0 +1,192 @@
+"""Approvals and verification records: acts of a person, never of a token
+acting for itself, an integration, or an anonymous local agent."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from kestrel_one.accounts.principal import PrincipalKind
+from kestrel_one.audit.services import audit_record
+from kestrel_one.common.errors import Conflict, PermissionDenied
+from kestrel_one.execution.models import Action, ActionState, Approval, Verification
+from kestrel_one.governance.selectors import policy_version_label
+from kestrel_one.threads.services import event_append
+from policies import Mode
+from runners.protocol import digest
+
+
+def require_person(actor, *, requested_by_token=None, act: str = "approve") -> None:
+    """Only a person may decide; the requesting token never decides about its own request."""
+    if actor.kind == PrincipalKind.LOCAL_OWNER:
+        raise PermissionDenied(
+            f"A local agent cannot {act}: sign in as a person and use the console or your own "
+            "API token with the actions:approve scope."
+        )
+    if actor.user is None or actor.kind not in {PrincipalKind.TOKEN, PrincipalKind.SESSION}:
+        raise PermissionDenied(f"Only a person can {act}; integration tokens never can.")
+    if (
+        requested_by_token is not None
+        and actor.token is not None
+        and (actor.token.pk == requested_by_token.pk)
+    ):
+        raise PermissionDenied(f"The token that made the request cannot {act} it.")
+
+
+def _digest_intact(action: Action) -> None:
+    """Recompute the action's digest from what is stored now: if any bound field (scope,
+    tool, arguments, policy version) differs from what was requested, this approval is not
+    for it."""
+    from kestrel_one.execution.services import action_digest, action_scope
+
+    args_digest = digest(action.args)
+    recomputed = action_digest(
+        scope=action_scope(action),
+        tool=action.tool,
+        args_digest=args_digest,
+        policy_version=action.policy_version,
+    )
+    if args_digest != action.args_digest or recomputed != action.action_digest:
+        raise Conflict(
+            "This action changed after it was requested; it cannot be approved. Request it again."
+        )
+
+
+def _policy_unchanged(action: Action) -> None:
+    """The approval binds to the policy versions the action was decided under."""
+    now = policy_version_label(project=action.project, mode=Mode(action.mode))
+    if now != action.policy_version:
+        raise Conflict(
+            "The policy changed since this action was requested, so this approval would not "
+            "match what was decided; request the action again.",
+            details={"requested_under": action.policy_version, "now": now},
+        )
+
+
+def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -> Approval:
+    """Record a person's approval or denial of exactly this action.
+
+    An action that waited past the approval window is ended as expired first, in its own
+    transaction, so the refusal that follows does not roll the expiry back.
+    """
+    from kestrel_one.execution.services import end_action
+
+    window = timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
+    if (
+        action.state == ActionState.AWAITING_APPROVAL
+        and timezone.now() > action.created_at + window
+    ):
+        end_action(
+            action,
+            ActionState.AWAITING_APPROVAL,
+            ActionState.EXPIRED,
+            "approval_expired",
+            "Nobody decided before the approval window closed.",
+        )
+        raise Conflict("This action waited too long for approval and expired; request it again.")
+    return _decide(actor=actor, action=action, approve=approve, reason=reason)
+
+
+@transaction.atomic
+def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
+    action = (
+        Action.objects.select_for_update(of=("self",))
+        .select_related("thread", "project", "organization", "environment", "requested_by_token")
+        .get(pk=action.pk)
+    )
+    require_person(
+        actor, requested_by_token=action.requested_by_token, act="approve" if approve else "deny"
+    )
+    if action.state != ActionState.AWAITING_APPROVAL:
+        raise Conflict(
+            f"This action is {action.state}; only an action awaiting approval can be decided."
+        )
+    if approve:
+        _digest_intact(action)
+        _policy_unchanged(action)
+    decision = "approved" if approve else "denied"
+    approval = Approval.objects.create(
+        organization=action.organization,
+        action=action,
+        action_digest=action.action_digest,
+        decision=decision,
+        reason=reason,
+        decided_by=actor.user,
+        decided_by_token=actor.token,
+    )
+    new_state = ActionState.QUEUED if approve else ActionState.DENIED
+    Action.objects.filter(pk=action.pk, state=ActionState.AWAITING_APPROVAL).update(
+        state=new_state, finished_at=None if approve else timezone.now()
+    )
+    event_append(
+        thread=action.thread,
+        kind=f"action.{decision}",
+        action=action,
+        data={
+            "action": action.public_id,
+            "approval": approval.public_id,
+            "by": actor.user.public_id,
+            "action_digest": action.action_digest,
+        },
+    )
+    audit_record(
+        organization=action.organization,
+        actor=actor,
+        action="action.approve" if approve else "action.deny",
+        target=action,
+        data={
+            "approval": approval.public_id,
+            "action_digest": action.action_digest,
+            "reason": reason,
+        },
+    )
+    if approve:
+        from kestrel_one.execution.services import action_dispatch
+
+        transaction.on_commit(lambda: action_dispatch(action_id=action.pk))
+    return approval
+
+
+@transaction.atomic
+def verification_record(
+    *, actor, action: Action, accepted: bool, evidence: str, check_name: str = ""
+) -> Verification:
+    """Record whether the task was accepted. A person decides, or a named check does; the
+    receipt's observed effects are evidence, never acceptance by themselves."""
+    if check_name:
+        verified_by = f"check:{check_name}"
+    else:
+        require_person(actor, act="accept or reject a task")
+        verified_by = actor.user.public_id
+    if action.state not in {ActionState.SUCCEEDED, ActionState.FAILED}:
+        raise Conflict("Only a finished action can be verified.")
+    verification = Verification.objects.create(
+        organization=action.organization,
+        action=action,
+        accepted=accepted,
+        evidence=evidence,
+        verified_by=verified_by,
+        check_name=check_name,
+    )
+    event_append(
+        thread=action.thread,
+        kind="action.verified",
+        action=action,
+        data={
+            "action": action.public_id,
+            "verification": verification.public_id,
+            "accepted": accepted,
+            "by": verified_by,
+        },
+    )
+    audit_record(
+        organization=action.organization,
+        actor=actor,
+        action="action.verify",
+        target=action,
+        data={"accepted": accepted, "by": verified_by},
+    )
+    return verification

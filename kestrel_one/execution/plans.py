@@ -1,0 +1,88 @@
+"""Plans: ordered, reviewable tool calls that become executable only when a person accepts them.
+
+An accepted step is executed by an action that names it explicitly; the server checks the step
+belongs to the thread and matches the action exactly (``services._plan_step``), never by
+similarity.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from kestrel_one.audit.services import audit_record
+from kestrel_one.common.errors import Conflict, ValidationFailed
+from kestrel_one.common.injection import injection_flags
+from kestrel_one.execution.approvals import require_person
+from kestrel_one.execution.models import Plan
+from kestrel_one.governance.tools import tool_call_request
+from kestrel_one.threads.services import event_append
+from runners.protocol import digest
+
+
+@transaction.atomic
+def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
+    if thread.mode not in {"plan", "auto"}:
+        raise Conflict(
+            f"Plans are proposed in plan (or auto) threads; this thread is in {thread.mode} mode."
+        )
+    canonical_steps = []
+    for index, step in enumerate(steps):
+        try:
+            tool, canonical, _ = tool_call_request(step["tool"], step["args"])
+        except ValidationFailed as exc:
+            details = {f"steps[{index}].{name}": why for name, why in (exc.details or {}).items()}
+            raise ValidationFailed(f"steps[{index}]: {exc.message}", details=details) from None
+        canonical_steps.append(
+            {"tool": tool.name, "args": canonical, "args_digest": digest(canonical)}
+        )
+    plan = Plan.objects.create(
+        organization=thread.organization,
+        thread=thread,
+        steps=canonical_steps,
+        proposed_by=actor.actor_id,
+        proposed_by_token=actor.token,
+        flags=injection_flags(canonical_steps),
+    )
+    event_append(
+        thread=thread,
+        kind="plan.proposed",
+        data={"plan": plan.public_id, "steps": len(canonical_steps), "flags": plan.flags},
+    )
+    audit_record(
+        organization=thread.organization,
+        actor=actor,
+        action="plan.propose",
+        target=plan,
+        data={"steps": len(canonical_steps)},
+    )
+    return plan
+
+
+@transaction.atomic
+def plan_accept(*, actor, plan: Plan) -> Plan:
+    plan = (
+        Plan.objects.select_for_update(of=("self",))
+        .select_related("thread", "organization", "proposed_by_token")
+        .get(pk=plan.pk)
+    )
+    require_person(actor, requested_by_token=plan.proposed_by_token, act="accept a plan")
+    if plan.state != "proposed":
+        raise Conflict(f"This plan is {plan.state}; only a proposed plan can be accepted.")
+    Plan.objects.filter(pk=plan.pk, state="proposed").update(
+        state="accepted", accepted_by=actor.user, accepted_at=timezone.now()
+    )
+    plan.refresh_from_db()
+    event_append(
+        thread=plan.thread,
+        kind="plan.accepted",
+        data={"plan": plan.public_id, "by": actor.user.public_id, "steps": len(plan.steps)},
+    )
+    audit_record(
+        organization=plan.organization,
+        actor=actor,
+        action="plan.accept",
+        target=plan,
+        data={"steps": len(plan.steps)},
+    )
+    return plan

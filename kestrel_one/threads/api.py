@@ -1,0 +1,104 @@
+"""HTTP endpoints for threads and their ordered events."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.response import Response
+
+from kestrel_one.api.base import ProjectScopedViewSet
+from kestrel_one.api.serializers import StrictSerializer
+from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.threads.models import Thread, ThreadEvent
+from kestrel_one.threads.services import thread_create
+
+MODES = ["ask", "plan", "agent", "auto"]
+EVENTS_PAGE_MAX = 500
+
+
+class ThreadSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+    project = serializers.CharField(source="project.public_id", read_only=True)
+    last_event = serializers.IntegerField(source="last_event_sequence", read_only=True)
+
+    class Meta:
+        model = Thread
+        fields = ["id", "project", "title", "mode", "last_event", "created_by", "created_at"]
+
+
+class ThreadCreateSerializer(StrictSerializer):
+    title = serializers.CharField(max_length=200)
+    mode = serializers.ChoiceField(
+        choices=MODES,
+        default="ask",
+        help_text="ask (default) and plan are read-only; auto resolves each request to ask or "
+        "plan; agent executes under policy and approvals.",
+    )
+
+
+class ThreadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ProjectScopedViewSet):
+    scope_map = {"GET": "projects:read", "POST": "projects:write"}
+    queryset = Thread.objects.none()
+    serializer_class = ThreadSerializer
+    lookup_url_kwarg = "thr"
+    filterset_fields = {"mode": ["exact"]}
+
+    def restrict(self, queryset):
+        return queryset.filter(project=self.project).select_related("project")
+
+    @extend_schema(request=ThreadCreateSerializer, responses={201: ThreadSerializer})
+    def create(self, request, *args, **kwargs):
+        data = ThreadCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        thread = thread_create(actor=self.principal, project=self.project, **data.validated_data)
+        return Response(ThreadSerializer(thread).data, status=status.HTTP_201_CREATED)
+
+
+class EventSerializer(serializers.ModelSerializer):
+    action = serializers.CharField(source="action.public_id", default=None, read_only=True)
+
+    class Meta:
+        model = ThreadEvent
+        fields = ["sequence", "kind", "action", "data", "created_at"]
+
+
+class EventViewSet(ProjectScopedViewSet):
+    """The thread's events in order; page with ``?after=SEQ`` (the last sequence you have)."""
+
+    scope_map = {"GET": "projects:read"}
+    queryset = ThreadEvent.objects.none()
+
+    def restrict(self, queryset):
+        return queryset.filter(thread=self.thread).select_related("action")
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="return events after this sequence"),
+            OpenApiParameter("limit", int, description=f"at most this many (≤ {EVENTS_PAGE_MAX})"),
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def list(self, request, *args, **kwargs):
+        after = _non_negative(request.query_params.get("after", "0"), "after")
+        limit = min(
+            _non_negative(request.query_params.get("limit", "100"), "limit"), EVENTS_PAGE_MAX
+        )
+        events = list(
+            self.get_queryset().filter(sequence__gt=after).order_by("sequence")[: limit + 1]
+        )
+        more = len(events) > limit
+        events = events[:limit]
+        return Response(
+            {
+                "results": EventSerializer(events, many=True).data,
+                "next_after": events[-1].sequence if more else None,
+                "last_sequence": events[-1].sequence if events else after,
+            }
+        )
+
+
+def _non_negative(value: str, name: str) -> int:
+    if not value.isdigit():
+        raise ValidationFailed(f"{name} must be a whole number ≥ 0.", details={name: ["invalid"]})
+    return int(value)
