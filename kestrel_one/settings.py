@@ -123,6 +123,7 @@ INSTALLED_APPS = [
     "kestrel_one.threads",
     "kestrel_one.execution",
     "kestrel_one.webhooks",
+    "kestrel_one.artifacts",
     "kestrel_one.api",
 ]
 
