@@ -391,6 +391,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
             "receipt": receipt.public_id,
             "error": report.error,
             "exit_code": (report.result or {}).get("exit_code"),
+            "flags": sorted(output_flags),
         },
     )
     audit_record(
