@@ -63,29 +63,33 @@ def local_runner_environment() -> dict[str, str]:
     }
 
 
+def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = None) -> list[str]:
+    """The control worker's command line: queue ``control`` only, and the scheduler with it
+    when a schedule file is given (one scheduler per deployment)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "kestrel_one.celery",
+        "worker",
+        "-Q",
+        "control",
+        "--concurrency",
+        str(concurrency),
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel",
+        "INFO",
+    ]
+    if beat_schedule:
+        argv += ["--beat", "--schedule", beat_schedule]
+    return argv
+
+
 def start_local_workers(stdout) -> list[subprocess.Popen]:
-    control = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "kestrel_one.celery",
-            "worker",
-            "-Q",
-            "control",
-            "--beat",
-            "--concurrency",
-            "2",
-            "--schedule",
-            str(settings.KESTREL_DATA_DIR / "celerybeat-schedule"),
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "INFO",
-        ],
-        env=os.environ.copy(),
-    )
+    schedule = str(settings.KESTREL_DATA_DIR / "celerybeat-schedule")
+    control = subprocess.Popen(control_worker_argv(beat_schedule=schedule), env=os.environ.copy())
     runner = subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
         env=local_runner_environment(),

@@ -153,14 +153,40 @@ def membership_remove(*, actor: Principal, membership: Membership) -> None:
     membership.delete()
 
 
+def _require_name_free(model, organization, name: str, *, exclude=None) -> None:
+    """Names are unique per organization (a constraint too); a clash is a 409 naming the field."""
+    taken = model.objects.filter(organization=organization, name=name)
+    if exclude is not None:
+        taken = taken.exclude(pk=exclude.pk)
+    if taken.exists():
+        raise Conflict(
+            f"The name '{name}' is already used by another {model._meta.verbose_name} in this "
+            "organization.",
+            details={"name": ["taken"]},
+        )
+
+
+def _update(*, actor: Principal, instance, action: str, fields: dict):
+    if "name" in fields:
+        _require_name_free(type(instance), instance.organization, fields["name"], exclude=instance)
+    for key, value in fields.items():
+        setattr(instance, key, value)
+    instance.save()
+    audit_record(
+        organization=instance.organization,
+        actor=actor,
+        action=action,
+        target=instance,
+        data=fields,
+    )
+    return instance
+
+
 @transaction.atomic
 def environment_create(
     *, actor: Principal, organization, name: str, description: str = ""
 ) -> Environment:
-    if Environment.objects.filter(organization=organization, name=name).exists():
-        raise Conflict(
-            f"An environment named '{name}' already exists.", details={"name": ["taken"]}
-        )
+    _require_name_free(Environment, organization, name)
     environment = Environment.objects.create(
         organization=organization, name=name, description=description
     )
@@ -176,26 +202,7 @@ def environment_create(
 
 @transaction.atomic
 def environment_update(*, actor: Principal, environment: Environment, **fields) -> Environment:
-    if (
-        "name" in fields
-        and Environment.objects.filter(organization=environment.organization, name=fields["name"])
-        .exclude(pk=environment.pk)
-        .exists()
-    ):
-        raise Conflict(
-            f"An environment named '{fields['name']}' already exists.", details={"name": ["taken"]}
-        )
-    for key, value in fields.items():
-        setattr(environment, key, value)
-    environment.save()
-    audit_record(
-        organization=environment.organization,
-        actor=actor,
-        action="environment.update",
-        target=environment,
-        data=fields,
-    )
-    return environment
+    return _update(actor=actor, instance=environment, action="environment.update", fields=fields)
 
 
 @transaction.atomic
@@ -222,8 +229,7 @@ def project_create(
     if environment.organization_id != organization.pk:
         # Callers resolve the environment through the organization; this is the last guard.
         raise ValidationFailed("Unknown environment.", details={"environment": ["not found"]})
-    if Project.objects.filter(organization=organization, name=name).exists():
-        raise Conflict(f"A project named '{name}' already exists.", details={"name": ["taken"]})
+    _require_name_free(Project, organization, name)
     project = Project.objects.create(
         organization=organization, environment=environment, name=name, description=description
     )
@@ -239,26 +245,7 @@ def project_create(
 
 @transaction.atomic
 def project_update(*, actor: Principal, project: Project, **fields) -> Project:
-    if (
-        "name" in fields
-        and Project.objects.filter(organization=project.organization, name=fields["name"])
-        .exclude(pk=project.pk)
-        .exists()
-    ):
-        raise Conflict(
-            f"A project named '{fields['name']}' already exists.", details={"name": ["taken"]}
-        )
-    for key, value in fields.items():
-        setattr(project, key, value)
-    project.save()
-    audit_record(
-        organization=project.organization,
-        actor=actor,
-        action="project.update",
-        target=project,
-        data=fields,
-    )
-    return project
+    return _update(actor=actor, instance=project, action="project.update", fields=fields)
 
 
 @transaction.atomic

@@ -13,15 +13,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.support import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spec("API-3")
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - binding everywhere is what these tests exercise
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def non_loopback_address() -> str:

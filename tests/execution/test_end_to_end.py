@@ -19,12 +19,14 @@ from django.db import connection
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
+from kestrel_one.execution.local import control_worker_argv
 from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.services import thread_create
 from runners.protocol import generate_private_key_pem, public_key_pem
+from tests.support import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER_ID = "run_E2ETESTRUNNER0000000000000"
@@ -38,15 +40,6 @@ E2E_POLICY = {
         "code.exec": {"limits": {"timeout_s": 30}},
     }
 }
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -99,30 +92,15 @@ def workers(django_db_setup, django_db_blocker, runner_files):
         stderr=subprocess.STDOUT,
     )
     control = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "kestrel_one.celery",
-            "worker",
-            "-Q",
-            "control",
-            "--pool",
-            "solo",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "INFO",
-        ],
+        control_worker_argv(concurrency=1),
         cwd=ROOT,
         env=control_env,
         stdout=open(logs / "control.log", "w"),
         stderr=subprocess.STDOUT,
     )
     yield {"logs": logs}
-    _stop(runner)
-    _stop(control)
+    stop(runner)
+    stop(control)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 import requests
+
+from tests.support import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = "redis://127.0.0.1:6379/10"
@@ -27,12 +28,6 @@ POLICY = {
         "shell.exec": {"approval": "always", "limits": {"timeout_s": 30}},
     }
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -67,11 +62,7 @@ def server(tmp_path, docker_backend):
             time.sleep(0.2)
     token = re.search(r"API token: (kst_\S+)", (tmp_path / "serve.log").read_text()).group(1)
     yield {"base": base, "token": token, "log": tmp_path / "serve.log"}
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    stop(process, timeout=60)
     log.close()
 
 
