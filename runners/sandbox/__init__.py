@@ -13,10 +13,12 @@ from runners.sandbox.base import (
     SandboxError,
     SandboxStartFailed,
     SandboxUnavailable,
+    probe_with,
     run_confined,
 )
 from runners.sandbox.bubblewrap import BubblewrapBackend
 from runners.sandbox.docker import DockerBackend
+from runners.sandbox.warm import WarmDockerBackend
 
 __all__ = [
     "BACKEND_FACTORIES",
@@ -30,6 +32,8 @@ __all__ = [
     "SandboxError",
     "SandboxStartFailed",
     "SandboxUnavailable",
+    "WarmDockerBackend",
+    "probe_with",
     "run_confined",
     "select_backend",
 ]

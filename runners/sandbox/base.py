@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -212,39 +212,60 @@ class SandboxBackend(abc.ABC):
         directory that the runner makes world-writable for the occasion, so that only the
         sandbox (not file permissions) can be what keeps the command out of it.
         """
-        workspace = Path(workspace)
-        token = secrets.token_hex(16)
-        marker = f".kestrel-probe-{token}"
-        sibling = workspace.parent / marker
-        sibling.mkdir(mode=0o777)
-        os.chmod(sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
+        return probe_with(self.name, self.run, workspace)
+
+    def run_probed(self, spec: ExecSpec) -> ExecResult:
+        """Probe on the spec's workspace, then run it; see ``run_confined``.
+
+        A backend that keeps sandboxes alive between commands overrides this to probe each
+        sandbox once, when it starts (its confinement is fixed at creation and a command
+        inside cannot change it), rather than probing in a throwaway one every time.
+        """
+        probe = self.probe(spec.workspace)
+        if not probe.ok:
+            raise SandboxUnavailable(f"{self.name} sandbox failed its probe: {probe.detail}")
+        return self.run(spec)
+
+
+def probe_with(sandbox: str, run: Callable[[ExecSpec], ExecResult], workspace: Path) -> ProbeResult:
+    """The probe of ``SandboxBackend.probe``, with ``run`` as the way to run the probe script.
+
+    ``run`` is a backend's ``run`` for a fresh sandbox, or an exec in a sandbox that is
+    already up (``runners.sandbox.warm``); the checks on the host are the same either way.
+    """
+    workspace = Path(workspace)
+    token = secrets.token_hex(16)
+    marker = f".kestrel-probe-{token}"
+    sibling = workspace.parent / marker
+    sibling.mkdir(mode=0o777)
+    os.chmod(sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
+    try:
+        spec = ExecSpec(
+            argv=("sh", "-c", _PROBE_SCRIPT, "probe", token, marker, f"../{marker}"),
+            workspace=workspace,
+            limits=_PROBE_LIMITS,
+            labels={"purpose": "probe"},
+        )
         try:
-            spec = ExecSpec(
-                argv=("sh", "-c", _PROBE_SCRIPT, "probe", token, marker, f"../{marker}"),
-                workspace=workspace,
-                limits=_PROBE_LIMITS,
-                labels={"purpose": "probe"},
-            )
-            try:
-                result = self.run(spec)
-            except SandboxError as error:
-                return ProbeResult(self.name, False, False, f"probe command failed: {error}")
-            try:
-                written = Workspace(workspace).read(marker, max_bytes=64).data
-            except WorkspaceError:
-                written = b""
-            workspace_writable = written == token.encode()
-            sibling_writable = any(sibling.iterdir())
-            detail = (
-                f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
-                f"beside it {'WRITABLE' if sibling_writable else 'not writable'} "
-                f"(probe exit {result.exit_code}: {result.stderr.strip()[:200]})"
-            )
-            return ProbeResult(self.name, workspace_writable, sibling_writable, detail)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(workspace / marker)
-            shutil.rmtree(sibling, ignore_errors=True)
+            result = run(spec)
+        except SandboxError as error:
+            return ProbeResult(sandbox, False, False, f"probe command failed: {error}")
+        try:
+            written = Workspace(workspace).read(marker, max_bytes=64).data
+        except WorkspaceError:
+            written = b""
+        workspace_writable = written == token.encode()
+        sibling_writable = any(sibling.iterdir())
+        detail = (
+            f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
+            f"beside it {'WRITABLE' if sibling_writable else 'not writable'} "
+            f"(probe exit {result.exit_code}: {result.stderr.strip()[:200]})"
+        )
+        return ProbeResult(sandbox, workspace_writable, sibling_writable, detail)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(workspace / marker)
+        shutil.rmtree(sibling, ignore_errors=True)
 
 
 def run_confined(backend: SandboxBackend, spec: ExecSpec) -> ExecResult:
@@ -253,7 +274,4 @@ def run_confined(backend: SandboxBackend, spec: ExecSpec) -> ExecResult:
     A failed probe raises ``SandboxUnavailable``. ``SandboxStartFailed`` from the run is
     passed on untouched: nothing here, or anywhere, runs the command another way.
     """
-    probe = backend.probe(spec.workspace)
-    if not probe.ok:
-        raise SandboxUnavailable(f"{backend.name} sandbox failed its probe: {probe.detail}")
-    return backend.run(spec)
+    return backend.run_probed(spec)

@@ -1,0 +1,375 @@
+"""Warm sandboxes against the real engine: one container per thread, reused by exec, with
+the hardening, the per-call TMPDIR, the tree kill, the probe and the bounds of a fresh one."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from runners.errors import RunnerError
+from runners.sandbox import (
+    ExecLimits,
+    ExecSpec,
+    SandboxStartFailed,
+    SandboxUnavailable,
+    WarmDockerBackend,
+    run_confined,
+)
+from runners.sandbox import warm as warm_module
+from runners.sandbox.base import ProbeResult
+from runners.sandbox.warm import (
+    WARM_LABEL,
+    containers_running_call,
+    remove_idle_warm_containers,
+)
+from runners.tools import execute
+from runners.workspace import SANDBOX_UID, workspace_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-3", "RUN-4", "RUN-5")]
+
+LIMITS = ExecLimits(timeout_s=30, memory_mb=96, cpus=0.5, pids=40, output_kb=64, tmp_mb=8)
+
+
+class Clock:
+    """A clock the test moves by hand, so idle expiry needs no waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def project() -> str:
+    return f"prj_warm{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def runner_id() -> str:
+    return f"run_warm{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def engine(docker_backend, project):
+    """The engine's client; afterwards no container of this test's project may remain.
+
+    Scoped to the test's own project and runner labels: other suites share the engine.
+    """
+    yield docker_backend.client
+    leftovers = docker_backend.client.containers.list(
+        all=True, filters={"label": f"io.kestrel.project={project}"}
+    )
+    for container in leftovers:
+        container.remove(force=True)
+    assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def warm(docker_backend, engine, clock):
+    backend = WarmDockerBackend(docker_backend, idle_seconds=60, max_containers=8, clock=clock)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def workspace(workspace_root, project):
+    return workspace_for(workspace_root, project)
+
+
+def labels(project: str, thread: str | None, runner_id: str) -> dict[str, str]:
+    found = {"call": f"act_{uuid.uuid4().hex}", "project": project, "runner": runner_id}
+    if thread is not None:
+        found["thread"] = thread
+    return found
+
+
+def shell(backend, workspace, project, thread, runner_id, script, limits=LIMITS) -> dict:
+    return execute(
+        "shell.exec",
+        {"script": script},
+        workspace=workspace,
+        backend=backend,
+        limits=limits,
+        labels=labels(project, thread, runner_id),
+    )
+
+
+def warm_ids(engine, project) -> set[str]:
+    found = engine.containers.list(
+        all=True, filters={"label": [f"io.kestrel.project={project}", f"{WARM_LABEL}=true"]}
+    )
+    return {container.id for container in found}
+
+
+def test_a_thread_reuses_its_container_and_another_thread_gets_its_own(
+    warm, engine, workspace, project, runner_id
+):
+    first = shell(warm, workspace, project, "thr_a", runner_id, "echo one")
+    container_a = warm.warm_containers()[(project, "thr_a")]
+    second = shell(warm, workspace, project, "thr_a", runner_id, "echo two")
+    assert (first["stdout"], second["stdout"]) == ("one\n", "two\n")
+    assert warm.warm_containers()[(project, "thr_a")] == container_a
+
+    shell(warm, workspace, project, "thr_b", runner_id, "echo other")
+    container_b = warm.warm_containers()[(project, "thr_b")]
+    assert container_b != container_a
+    assert warm_ids(engine, project) == {container_a, container_b}
+    labels_b = engine.api.inspect_container(container_b)["Config"]["Labels"]
+    assert labels_b["io.kestrel.thread"] == "thr_b"
+
+
+def test_a_call_without_a_thread_runs_in_a_fresh_container(
+    warm, engine, workspace, project, runner_id
+):
+    result = shell(warm, workspace, project, None, runner_id, "echo fresh")
+    assert result["stdout"] == "fresh\n"
+    assert warm.warm_containers() == {}
+    assert warm_ids(engine, project) == set()
+
+
+def test_docker_inspect_shows_the_same_hardening_as_a_fresh_container(
+    warm, docker_backend, engine, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    attrs = engine.api.inspect_container(warm.warm_containers()[(project, "thr_a")])
+    host, config = attrs["HostConfig"], attrs["Config"]
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"]
+    assert not host["CapAdd"]
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["Privileged"] is False
+    assert host["PidsLimit"] == LIMITS.pids
+    assert host["Memory"] == LIMITS.memory_mb * 1024 * 1024
+    assert host["MemorySwap"] == LIMITS.memory_mb * 1024 * 1024
+    assert host["NanoCpus"] == int(LIMITS.cpus * 1e9)
+    assert host["PidMode"] == "" and host["UTSMode"] == "" and host["UsernsMode"] == ""
+    assert host["IpcMode"] == "private"
+    assert not host["Devices"]
+    assert "noexec" in host["Tmpfs"]["/tmp"] and "size=8m" in host["Tmpfs"]["/tmp"]
+    assert config["User"] == f"{SANDBOX_UID}:{SANDBOX_UID}"
+    assert config["Image"] == docker_backend.image_id
+    assert config["Labels"][WARM_LABEL] == "true"
+    assert [(m["Type"], m["Destination"], m["RW"]) for m in attrs["Mounts"]] == [
+        ("bind", "/workspace", True)
+    ]
+    assert attrs["Mounts"][0]["Source"] == str(workspace)
+
+
+def test_confinement_holds_inside_an_exec(warm, workspace, project, runner_id):
+    script = (
+        "id -u; grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; "
+        "ls /sys/class/net; touch /etc/x 2>/dev/null || echo ro-root; "
+        "touch /tmp/x.sh && chmod +x /tmp/x.sh && (/tmp/x.sh 2>/dev/null || echo noexec-tmp)"
+    )
+    for _ in range(2):  # the first call starts the container, the second only execs
+        out = shell(warm, workspace, project, "thr_a", runner_id, script)["stdout"].split("\n")
+        assert out[0] == str(SANDBOX_UID)
+        assert out[1].split() == ["CapEff:", "0000000000000000"]
+        assert out[2].split() == ["NoNewPrivs:", "1"]
+        assert out[3] == "lo"
+        assert "ro-root" in out and "noexec-tmp" in out
+
+
+def test_tmpdir_is_fresh_and_empty_for_every_call_and_removed_after(
+    warm, workspace, project, runner_id
+):
+    script = 'echo "$TMPDIR"; ls -A "$TMPDIR" | wc -l; touch "$TMPDIR/left" /tmp/stray; ls -A /tmp'
+    first = shell(warm, workspace, project, "thr_a", runner_id, script)["stdout"].split("\n")
+    second = shell(warm, workspace, project, "thr_a", runner_id, script)["stdout"].split("\n")
+    assert first[0] != second[0]
+    assert first[0].startswith("/tmp/kestrel-") and second[0].startswith("/tmp/kestrel-")
+    assert first[1] == second[1] == "0"
+    # Only this call's directory and its own stray file: the previous call's are gone.
+    assert sorted(second[2:-1]) == sorted([second[0].removeprefix("/tmp/"), "stray"])
+
+
+def test_background_children_do_not_outlive_their_call(warm, workspace, project, runner_id):
+    shell(
+        warm,
+        workspace,
+        project,
+        "thr_a",
+        runner_id,
+        "(sleep 1; echo late > late.txt) & sleep 2107 & echo done",
+    )
+    ps = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+    listed = shell(warm, workspace, project, "thr_a", runner_id, ps)["stdout"]
+    assert "sleep 2107" not in listed
+    time.sleep(2)  # long enough for the killed subshell to have written, had it lived
+    assert not (workspace / "late.txt").exists()
+
+
+def test_a_timeout_kills_the_tree_and_drops_the_container(
+    warm, engine, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    container = warm.warm_containers()[(project, "thr_a")]
+    limits = ExecLimits(timeout_s=2, memory_mb=96, cpus=0.5, pids=40, output_kb=64, tmp_mb=8)
+    result = shell(
+        warm,
+        workspace,
+        project,
+        "thr_a",
+        runner_id,
+        "(sleep 3; echo late > late.txt) & sleep 3108 & echo started; sleep 3109",
+        limits=limits,
+    )
+    assert result["timed_out"] is True
+    assert result["exit_code"] == 137
+    assert result["stdout"] == "started\n"
+    assert (project, "thr_a") not in warm.warm_containers()
+    assert warm_ids(engine, project) == set()
+    assert container not in {c.id for c in engine.containers.list(all=True)}
+    time.sleep(2)
+    assert not (workspace / "late.txt").exists()
+    # The thread's next call gets a new container.
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    assert warm.warm_containers()[(project, "thr_a")] != container
+
+
+def test_different_limits_get_a_new_container(warm, engine, workspace, project, runner_id):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    before = warm.warm_containers()[(project, "thr_a")]
+    bigger = ExecLimits(timeout_s=30, memory_mb=160, cpus=0.5, pids=40, output_kb=64, tmp_mb=8)
+    shell(warm, workspace, project, "thr_a", runner_id, "true", limits=bigger)
+    after = warm.warm_containers()[(project, "thr_a")]
+    assert after != before
+    assert warm_ids(engine, project) == {after}
+    assert engine.api.inspect_container(after)["HostConfig"]["Memory"] == 160 * 1024 * 1024
+    # A shorter timeout alone is per exec and keeps the container.
+    shorter = ExecLimits(timeout_s=5, memory_mb=160, cpus=0.5, pids=40, output_kb=8, tmp_mb=8)
+    shell(warm, workspace, project, "thr_a", runner_id, "true", limits=shorter)
+    assert warm.warm_containers()[(project, "thr_a")] == after
+
+
+def test_idle_containers_are_removed_after_the_idle_time(
+    warm, engine, clock, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    clock.now += 30
+    shell(warm, workspace, project, "thr_b", runner_id, "true")
+    clock.now += 31  # thr_a idle for 61 s, thr_b for 31 s
+    assert warm.remove_idle() == 1
+    assert set(warm.warm_containers()) == {(project, "thr_b")}
+    assert warm_ids(engine, project) == {warm.warm_containers()[(project, "thr_b")]}
+
+
+def test_the_cap_evicts_the_least_recently_used_idle_container(
+    docker_backend, engine, clock, workspace, project, runner_id
+):
+    backend = WarmDockerBackend(docker_backend, idle_seconds=600, max_containers=2, clock=clock)
+    try:
+        for thread in ("thr_a", "thr_b", "thr_c"):
+            shell(backend, workspace, project, thread, runner_id, "true")
+            clock.now += 1
+        assert set(backend.warm_containers()) == {(project, "thr_b"), (project, "thr_c")}
+        assert len(warm_ids(engine, project)) == 2
+    finally:
+        backend.close()
+
+
+def test_past_the_cap_with_nothing_to_evict_a_call_runs_fresh(
+    docker_backend, engine, workspace, project, runner_id
+):
+    """Another worker process of the runner holds the only slot: this one runs cold."""
+    other_process = WarmDockerBackend(docker_backend, max_containers=1)
+    this_process = WarmDockerBackend(docker_backend, max_containers=1)
+    try:
+        shell(other_process, workspace, project, "thr_a", runner_id, "true")
+        result = shell(this_process, workspace, project, "thr_b", runner_id, "echo cold")
+        assert result["stdout"] == "cold\n"
+        assert this_process.warm_containers() == {}
+        assert len(warm_ids(engine, project)) == 1
+    finally:
+        other_process.close()
+        this_process.close()
+
+
+def test_ending_a_thread_removes_its_container(warm, engine, workspace, project, runner_id):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    assert warm.end_thread(project, "thr_a") is True
+    assert warm_ids(engine, project) == set()
+    assert warm.end_thread(project, "thr_a") is False
+
+
+def test_a_failed_probe_removes_the_container_and_fails_closed(
+    warm, engine, workspace, project, runner_id, monkeypatch
+):
+    def failing_probe(sandbox, run, probed_workspace):
+        run(ExecSpec(argv=("true",), workspace=probed_workspace))  # it did start
+        return ProbeResult(sandbox, False, False, "workspace NOT writable")
+
+    monkeypatch.setattr(warm_module, "probe_with", failing_probe)
+    with pytest.raises(SandboxUnavailable, match="failed its probe"):
+        shell(warm, workspace, project, "thr_a", runner_id, "echo never > never.txt")
+    assert warm.warm_containers() == {}
+    assert warm_ids(engine, project) == set()
+    assert not (workspace / "never.txt").exists()
+
+
+def test_a_dead_warm_container_is_discarded_never_bypassed(
+    warm, engine, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    container = warm.warm_containers()[(project, "thr_a")]
+    engine.api.kill(container)
+    with pytest.raises(SandboxStartFailed):
+        shell(warm, workspace, project, "thr_a", runner_id, "echo never > never.txt")
+    assert not (workspace / "never.txt").exists()
+    assert warm.warm_containers() == {}
+    # The next call starts (and probes) a new one.
+    assert shell(warm, workspace, project, "thr_a", runner_id, "echo ok")["stdout"] == "ok\n"
+    assert warm.warm_containers()[(project, "thr_a")] != container
+
+
+def test_runner_start_removes_idle_warm_containers_but_not_a_running_call(
+    docker_backend, engine, workspace, project, runner_id
+):
+    """What a killed worker left: an idle container goes; one mid-call is the call's
+    recovery's to remove, and recovery finds it by the call id."""
+    left_behind = WarmDockerBackend(docker_backend)
+    shell(left_behind, workspace, project, "thr_idle", runner_id, "true")
+    idle = left_behind.warm_containers()[(project, "thr_idle")]
+    shell(left_behind, workspace, project, "thr_busy", runner_id, "true")
+    busy = left_behind.warm_containers()[(project, "thr_busy")]
+    call = labels(project, "thr_busy", runner_id)
+    exec_id = engine.api.exec_create(
+        busy, ["sh", "-c", "sleep 600", "kestrel-exec", f"/tmp/kestrel-{call['call']}-0"]
+    )["Id"]
+    engine.api.exec_start(exec_id, detach=True)
+
+    assert remove_idle_warm_containers(engine, runner_id=runner_id) == 1
+    assert warm_ids(engine, project) == {busy}
+    assert idle not in warm_ids(engine, project)
+    assert [c.id for c in containers_running_call(engine, call["call"])] == [busy]
+    engine.api.remove_container(busy, force=True)
+
+
+def test_a_tool_error_does_not_leave_the_thread_without_a_sandbox(
+    warm, workspace, project, runner_id
+):
+    with pytest.raises(RunnerError):
+        execute(
+            "shell.exec",
+            {"argv": ["true"], "cwd": "missing"},
+            workspace=workspace,
+            backend=warm,
+            limits=LIMITS,
+            labels=labels(project, "thr_a", runner_id),
+        )
+    spec = ExecSpec(
+        argv=("echo", "ok"),
+        workspace=workspace,
+        limits=LIMITS,
+        labels=labels(project, "thr_a", runner_id),
+    )
+    assert run_confined(warm, spec).stdout == "ok\n"
