@@ -42,6 +42,7 @@ import redis
 import requests.exceptions
 from celery import Celery
 from celery.exceptions import Reject
+from celery.signals import worker_init, worker_process_shutdown
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
@@ -60,8 +61,15 @@ from runners.protocol import (
     verify_command,
 )
 from runners.registry import get_tool
-from runners.sandbox import ExecLimits, SandboxBackend, select_backend
+from runners.sandbox import (
+    DockerBackend,
+    ExecLimits,
+    SandboxBackend,
+    WarmDockerBackend,
+    select_backend,
+)
 from runners.sandbox.docker import LABEL_PREFIX
+from runners.sandbox.warm import containers_running_call, remove_idle_warm_containers
 from runners.workspace import workspace_for
 
 __all__ = [
@@ -71,6 +79,7 @@ __all__ = [
     "REPORT_TASK",
     "Disposition",
     "Runner",
+    "WarmBackendChooser",
     "app",
     "celery_settings",
     "execute_command",
@@ -360,24 +369,122 @@ def _utc_now() -> str:
 
 
 def reap_orphan_containers(call_id: str) -> int:
-    """Remove every container labelled with ``call_id``; how many there were.
+    """Remove every container running ``call_id``; how many there were.
 
     When a worker is killed its container keeps running, unattended. Recovery removes it
     before it reports the call lost or runs it again, so a lost call has no late effect.
+    A fresh container carries the call's label; a warm one is found by its running exec.
     """
     try:
         client = docker.from_env()
     except docker.errors.DockerException:
         return 0
     try:
-        containers = client.containers.list(
-            all=True, filters={"label": f"{LABEL_PREFIX}call={call_id}"}
-        )
-        for container in containers:
-            container.remove(force=True)
+        containers = {
+            container.id: container
+            for container in client.containers.list(
+                all=True, filters={"label": f"{LABEL_PREFIX}call={call_id}"}
+            )
+        }
+        for container in containers_running_call(client, call_id):
+            containers.setdefault(container.id, container)
+        for container in containers.values():
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
         return len(containers)
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         log.warning("could not reap containers of call %s: %s", call_id, error)
+        return 0
+    finally:
+        client.close()
+
+
+# --- warm sandboxes --------------------------------------------------------------------
+
+# Warm sandboxes (runners.sandbox.warm): on unless KESTREL_WARM_SANDBOXES=0. The idle time
+# and the per-host cap are read here rather than in RunnerConfig because they tune a cache,
+# not the runner's identity or authority.
+WARM_ENABLED_VARIABLE = "KESTREL_WARM_SANDBOXES"
+WARM_IDLE_VARIABLE = "KESTREL_WARM_IDLE_SECONDS"
+WARM_MAX_VARIABLE = "KESTREL_WARM_MAX_CONTAINERS"
+# How often a worker process removes its idle warm containers when no call comes.
+WARM_SWEEP_SECONDS = 30
+
+
+class WarmBackendChooser:
+    """``Runner.choose_backend`` for a worker process: one Docker backend, kept warm.
+
+    Choosing a backend costs a client, a ping and an image lookup; doing it per call was
+    the largest avoidable cost on the runner. The Docker backend chosen first is kept for
+    the life of the process (its image id pinned then, as documented) and wrapped in a
+    ``WarmDockerBackend``. Any other outcome (bubblewrap under "auto", or no backend at
+    all) is not cached, so a Docker engine that comes back is picked up by the next call.
+    """
+
+    def __init__(self, *, idle_seconds: float, max_containers: int, enabled: bool) -> None:
+        self.idle_seconds = idle_seconds
+        self.max_containers = max_containers
+        self.enabled = enabled
+        self.backend: WarmDockerBackend | None = None
+        self._lock = threading.Lock()
+        self._sweeper: threading.Thread | None = None
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str] | None = None) -> WarmBackendChooser:
+        environ = dict(os.environ if environ is None else environ)
+        try:
+            idle = float(environ.get(WARM_IDLE_VARIABLE, "300"))
+            cap = int(environ.get(WARM_MAX_VARIABLE, "16"))
+        except ValueError as error:
+            raise ValueError(f"{WARM_IDLE_VARIABLE}/{WARM_MAX_VARIABLE}: {error}") from None
+        enabled = environ.get(WARM_ENABLED_VARIABLE, "1") not in ("0", "false", "no", "off")
+        return cls(idle_seconds=idle, max_containers=cap, enabled=enabled)
+
+    def __call__(self, preference: str) -> SandboxBackend:
+        with self._lock:
+            if self.backend is not None:
+                return self.backend
+            backend = select_backend(preference)
+            if not isinstance(backend, DockerBackend):
+                return backend
+            self.backend = WarmDockerBackend(
+                backend,
+                idle_seconds=self.idle_seconds,
+                max_containers=self.max_containers if self.enabled else 0,
+            )
+            self._sweeper = threading.Thread(
+                target=self._sweep, name="warm-sandbox-sweeper", daemon=True
+            )
+            self._sweeper.start()
+            return self.backend
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(WARM_SWEEP_SECONDS)
+            backend = self.backend
+            if backend is not None:
+                try:
+                    backend.remove_idle()
+                except Exception:
+                    log.exception("warm sandbox sweep failed")
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+
+
+def remove_stale_warm_containers(runner_id: str) -> int:
+    """Remove idle warm containers a previous process of this runner left (runner start)."""
+    try:
+        client = docker.from_env()
+    except docker.errors.DockerException:
+        return 0
+    try:
+        return remove_idle_warm_containers(client, runner_id=runner_id)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        log.warning("could not remove stale warm containers: %s", error)
         return 0
     finally:
         client.close()
@@ -436,6 +543,7 @@ def current_runner() -> Runner:
                 control_public_key=config.control_public_key(),
                 state=CallState(client, worker=worker),
                 report=send_report,
+                choose_backend=WarmBackendChooser.from_environment(),
                 reap_orphans=(
                     reap_orphan_containers
                     if config.sandbox in ("auto", "docker")
@@ -444,6 +552,26 @@ def current_runner() -> Runner:
             )
             _process_runner = (os.getpid(), runner)
         return _process_runner[1]
+
+
+@worker_init.connect
+def _on_worker_start(sender: Any = None, **_: Any) -> None:
+    """Clear what a previous process of this runner left warm, before taking any call."""
+    if getattr(sender, "app", None) is not app:
+        return  # another Celery app's worker in this process (worker_init is global)
+    config = RunnerConfig.from_environment()
+    if config.sandbox in ("auto", "docker"):
+        removed = remove_stale_warm_containers(config.runner_id)
+        log.info(json.dumps({"event": "warm_containers_removed", "count": removed}))
+
+
+@worker_process_shutdown.connect
+def _on_process_shutdown(**_: Any) -> None:
+    """A worker process that stops removes its idle warm containers."""
+    if _process_runner is not None and _process_runner[0] == os.getpid():
+        chooser = _process_runner[1].choose_backend
+        if isinstance(chooser, WarmBackendChooser):
+            chooser.close()
 
 
 def send_report(result_token: str) -> None:
