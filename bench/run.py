@@ -1,0 +1,279 @@
+"""``make bench``: every performance figure of Kestrel One next to a baseline from the same run.
+
+Needs PostgreSQL, Redis and Docker on this machine (and the tool image:
+``deploy/images/tool-runtime/build.sh``). Prints a table (median, p95, baseline median,
+ratio, target) and writes everything, samples included, to ``bench/results/``.
+
+    .venv/bin/python bench/run.py            # full run (throughput for 30 s), ~10 minutes
+    .venv/bin/python bench/run.py --quick    # fewer samples, 8 s throughput
+
+Figures: cold call (first ``shell.exec echo hi`` of a new thread through HTTP with
+``?wait=``) and warm call (the tenth in the same thread) vs ``docker run --rm``; governed
+calls per second with 8 concurrent threads vs ``docker exec`` in a loop; policy ``decide``
+vs a dict lookup; the threads, events and audit list endpoints at 1,000 and 100,000 rows;
+audit appends per second with 4 writers vs one, and verify time per 10,000 records vs
+reading them. See docs/performance.md for the method and the latest figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import governed  # noqa: E402
+import policy_decide  # noqa: E402
+import records  # noqa: E402
+from stats import Figure, format_table, percentile, timing_figure  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+ADMIN_DATABASE_URL = os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def machine() -> dict[str, Any]:
+    memory_kb = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(memory_kb / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def governed_figures(quick: bool) -> list[Figure]:
+    image = governed.image_id()
+    seconds = 8.0 if quick else 30.0
+    threads = 4 if quick else 12
+    with governed.scratch_database(
+        ADMIN_DATABASE_URL, f"kestrel_bench_{uuid.uuid4().hex[:8]}"
+    ) as url:
+        with governed.serve(url) as server:
+            workspace = governed.prepare(server)
+            workspace.shell_call(workspace.new_thread("warm-up"))  # imports, first container
+            print(f"cold and warm calls: {threads} threads x 10 calls ...", flush=True)
+            latency = governed.latency_runs(workspace, image, threads)
+            print(f"throughput: 8 threads for {seconds:.0f} s ...", flush=True)
+            rate = governed.throughput(workspace, seconds)
+    print(f"docker exec loop for {seconds:.0f} s ...", flush=True)
+    exec_rate, exec_latencies = governed.docker_exec_rate(image, seconds)
+    baseline = latency["docker_run"]
+    cold = timing_figure(
+        "cold call (1st in new thread)",
+        latency["cold"],
+        "docker run --rm",
+        baseline,
+        target="<= 1.5x",
+        failures=len(latency["failures"]),
+    )
+    cold.met = cold.ratio <= 1.5 and not latency["failures"]
+    warm = timing_figure(
+        "warm call (10th in thread)",
+        latency["warm"],
+        "docker run --rm",
+        baseline,
+        target="<= 0.75x",
+        failures=len(latency["failures"]),
+    )
+    warm.met = warm.ratio <= 0.75 and not latency["failures"]
+    throughput = Figure(
+        name="throughput, 8 threads (calls/s)",
+        unit="calls/s",
+        median=rate["calls_per_second"],
+        p95=None,
+        baseline_name="docker exec loop (calls/s)",
+        baseline_median=exec_rate,
+        baseline_p95=None,
+        samples=rate["ok"] + rate["errors"],
+        target=">= 25/s, 0 errors",
+        notes={
+            "errors": rate["errors"],
+            "error_samples": rate["error_samples"],
+            "elapsed_s": rate["elapsed_s"],
+            "call_latency_median_ms": statistics.median(rate["latencies"]) * 1000
+            if rate["latencies"]
+            else None,
+            "call_latency_p95_ms": percentile(rate["latencies"], 0.95) * 1000
+            if rate["latencies"]
+            else None,
+            "docker_exec_latency_median_ms": statistics.median(exec_latencies) * 1000,
+        },
+    )
+    throughput.met = rate["calls_per_second"] >= 25 and rate["errors"] == 0
+    return [cold, warm, throughput]
+
+
+def policy_figure(quick: bool) -> Figure:
+    policy = policy_decide.effective_policy()
+    requests = policy_decide.REQUESTS
+    table = {request.capability: request for request in requests}
+    capabilities = [request.capability for request in requests]
+    count = len(requests)
+    iterations = 5_000 if quick else policy_decide.ITERATIONS
+
+    def run_decide(index: int) -> None:
+        policy_decide.decide(policy, requests[index % count], version="pol_bench")
+
+    def run_lookup(index: int) -> None:
+        table.get(capabilities[index % count])
+
+    policy_decide.measure(run_decide, 2_000)
+    policy_decide.measure(run_lookup, 2_000)
+    decide_ns = policy_decide.measure(run_decide, iterations)
+    lookup_ns = policy_decide.measure(run_lookup, iterations)
+    figure = Figure(
+        name="policy decide (µs)",
+        unit="µs",
+        median=statistics.median(decide_ns) / 1000,
+        p95=percentile(decide_ns, 0.95) / 1000,
+        baseline_name="dict lookup (µs)",
+        baseline_median=statistics.median(lookup_ns) / 1000,
+        baseline_p95=percentile(lookup_ns, 0.95) / 1000,
+        samples=iterations,
+        target="median < 20 µs",
+    )
+    figure.met = figure.median < policy_decide.TARGET_MEDIAN_NS / 1000
+    return figure
+
+
+def record_figures(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
+    sizes = (1_000, 100_000)
+    repeats = 15 if quick else 40
+    append_seconds = 4.0 if quick else 10.0
+    name = f"kestrel_bench_records_{uuid.uuid4().hex[:8]}"
+    with governed.scratch_database(ADMIN_DATABASE_URL, name) as url:
+        records.setup_django(url)
+        print("list endpoints: seeding 1,000 then 100,000 rows ...", flush=True)
+        lists = records.list_endpoints(sizes, repeats)
+        print(f"audit appends: 1 then 4 writers for {append_seconds:.0f} s each ...", flush=True)
+        audit = records.audit_figures(append_seconds)
+        from django.db import connections
+
+        connections.close_all()
+    figures = []
+    for endpoint, by_size in lists["endpoints"].items():
+        small, large = by_size[sizes[0]], by_size[sizes[1]]
+        figure = timing_figure(
+            f"list {endpoint} @100k rows (p50)",
+            large["samples_s"],
+            f"list {endpoint} @1k rows",
+            small["samples_s"],
+            target="<= 1.2x",
+        )
+        figure.met = figure.ratio <= 1.2
+        figures.append(figure)
+    appends = Figure(
+        name="audit appends, 4 writers (/s)",
+        unit="appends/s",
+        median=audit["appends_per_second"],
+        p95=None,
+        baseline_name="1 writer (/s)",
+        baseline_median=audit["single_writer_appends_per_second"],
+        baseline_p95=None,
+        samples=audit["appended"],
+        target=">= 1000/s",
+    )
+    appends.met = audit["appends_per_second"] >= 1000
+    figures.append(appends)
+    if audit["verify"] is not None:
+        verify = audit["verify"]
+        read = audit["verify_baseline_read"]
+        figure = Figure(
+            name="audit verify per 10k records (s)",
+            unit="s",
+            median=verify["seconds_per_10k_median"],
+            p95=None,
+            baseline_name="read same rows per 10k (s)",
+            baseline_median=read["seconds_per_10k_median"],
+            baseline_p95=None,
+            samples=verify["records"],
+            target="chain verifies",
+            notes={"ok": verify["ok"]},
+        )
+        figure.met = verify["ok"]
+        figures.append(figure)
+    details = {
+        "lists": {
+            endpoint: {
+                size: {k: v for k, v in figures_by_size.items() if k != "samples_s"}
+                for size, figures_by_size in by_size.items()
+            }
+            for endpoint, by_size in lists["endpoints"].items()
+        },
+        "audit_list_endpoint": lists["audit_endpoint"],
+        "audit": audit,
+    }
+    return figures, details
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples, shorter runs")
+    parser.add_argument(
+        "--only",
+        choices=["governed", "policy", "records"],
+        action="append",
+        help="run only these parts (repeatable)",
+    )
+    options = parser.parse_args(argv)
+    parts = options.only or ["governed", "policy", "records"]
+    started = time.perf_counter()
+    figures: list[Figure] = []
+    details: dict[str, Any] = {}
+    if "governed" in parts:
+        figures += governed_figures(options.quick)
+    if "policy" in parts:
+        figures.append(policy_figure(options.quick))
+    if "records" in parts:
+        found, details = record_figures(options.quick)
+        figures += found
+    info = machine()
+    print()
+    print(
+        f"Kestrel One bench, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {info['cpus']} cores, "
+        f"{info['memory_gib']} GiB, {'quick' if options.quick else 'full'} run"
+    )
+    print(format_table(figures))
+    for figure in figures:
+        if figure.notes.get("errors"):
+            print(
+                f"{figure.name}: {figure.notes['errors']} errors: {figure.notes['error_samples']}"
+            )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    payload = {
+        "when": stamp,
+        "quick": options.quick,
+        "machine": info,
+        "seconds": time.perf_counter() - started,
+        "figures": [figure.as_dict() for figure in figures],
+        "details": details,
+    }
+    path = RESULTS / f"bench-{stamp}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    (RESULTS / "latest.json").write_text(path.read_text())
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
