@@ -15,6 +15,8 @@ class Role(StrEnum):
     ADMIN = "admin"
     MEMBER = "member"
     VIEWER = "viewer"
+    # Reads the organization and its audit log; changes nothing (no retention, no members).
+    AUDITOR = "auditor"
 
 
 SCOPES: dict[str, str] = {
@@ -31,10 +33,13 @@ ROLE_SCOPES: dict[Role, frozenset[str]] = {
     Role.ADMIN: frozenset(SCOPES),
     Role.MEMBER: frozenset({"org:read", "projects:read", "projects:write", "actions:approve"}),
     Role.VIEWER: frozenset({"org:read", "projects:read"}),
+    Role.AUDITOR: frozenset({"org:read", "audit:read"}),
 }
 
 # Who may grant a role: owners grant any role; admins any but owner.
-ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+# An auditor ranks with viewers: it holds no write scope, so it never grants anything, and
+# an admin may appoint one.
+ROLE_RANK = {Role.VIEWER: 0, Role.AUDITOR: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
 def unknown_scopes(scopes: list[str]) -> list[str]:

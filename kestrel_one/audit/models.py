@@ -15,6 +15,12 @@ class AuditChain(models.Model):
     )
     last_sequence = models.BigIntegerField(default=0)
     last_hash = models.CharField(max_length=64, default="0" * 64)
+    # Where the stored chain starts once retention has trimmed its oldest records: the
+    # first remaining record follows ``anchor_sequence`` and links to ``anchor_hash``. The
+    # trim's own audit record repeats both, so a moved anchor does not verify.
+    anchor_sequence = models.BigIntegerField(default=0)
+    anchor_hash = models.CharField(max_length=64, default="0" * 64)
+    anchored_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"audit chain of {self.organization_id} at {self.last_sequence}"
