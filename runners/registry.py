@@ -110,6 +110,18 @@ def _python_request(args: Mapping[str, Any]) -> Request:
     return Request(capability="code.exec", limits=_limits(args))
 
 
+def _whole_workspace_request(capability: str) -> Callable[[Mapping[str, Any]], Request]:
+    # A checkpoint reads, and a restore may write, anywhere in the workspace: the policy
+    # must grant the capability on "." (the root), which only "**" does.
+    def build(args: Mapping[str, Any]) -> Request:
+        return Request(capability=capability, paths=(".",))
+
+    return build
+
+
+# A checkpoint archive is at most 1 MiB (runners.tools.checkpoints), base64 a third more.
+MAX_ARCHIVE_B64_CHARS = 1024 * 1024 * 4 // 3 + 4
+
 _SHELL_SCHEMA = _object(
     {
         "argv": {
@@ -212,6 +224,34 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                 # A second delete finds nothing and fails, unlike the first.
                 idempotent=False,
                 build_request=_path_request("fs.write"),
+            ),
+            ToolSpec(
+                name="workspace.checkpoint",
+                capability="fs.read",
+                summary="Snapshot the whole workspace as a bounded tar.gz (no links or devices).",
+                input_schema=_object({}, []),
+                idempotent=True,
+                build_request=_whole_workspace_request("fs.read"),
+            ),
+            ToolSpec(
+                name="workspace.restore",
+                capability="fs.write",
+                summary="Write a checkpoint's files back into the workspace, checked first.",
+                input_schema=_object(
+                    {
+                        "archive_b64": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_ARCHIVE_B64_CHARS,
+                            "pattern": "^[A-Za-z0-9+/]*={0,2}$",
+                        },
+                        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    },
+                    ["archive_b64", "sha256"],
+                ),
+                # Writing the same files again leaves the same workspace.
+                idempotent=True,
+                build_request=_whole_workspace_request("fs.write"),
             ),
         )
     }

@@ -14,7 +14,7 @@ from typing import Any
 
 from runners.registry import get_tool, validate_args
 from runners.sandbox import ExecLimits, SandboxBackend
-from runners.tools import files, processes
+from runners.tools import checkpoints, files, processes
 
 __all__ = ["IMPLEMENTATIONS", "execute"]
 
@@ -28,6 +28,8 @@ IMPLEMENTATIONS: Mapping[str, Implementation] = {
     "fs.delete": files.delete,
     "shell.exec": processes.shell_exec,
     "code.python": processes.code_python,
+    "workspace.checkpoint": checkpoints.checkpoint,
+    "workspace.restore": checkpoints.restore,
 }
 
 

@@ -20,6 +20,8 @@ def test_registry_holds_exactly_the_first_tool_set():
         "fs.list",
         "fs.delete",
         "code.python",
+        "workspace.checkpoint",
+        "workspace.restore",
     }
 
 

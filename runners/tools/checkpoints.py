@@ -1,0 +1,227 @@
+"""workspace.checkpoint and workspace.restore: a workspace to a bounded archive and back.
+
+Both run on the runner host, like the file tools, and keep to the same rule: nothing is
+ever reached through a symbolic link. A checkpoint walks the workspace by directory
+descriptor with ``O_NOFOLLOW`` and refuses (rather than skips) links, devices, sockets and
+pipes, so a snapshot is never silently partial. A restore validates the whole archive
+before it writes anything: only regular files and directories with canonical relative
+names (no absolute paths, no ``..``), within size and count caps, and the archive must
+match the SHA-256 the control plane recorded. Files are written through
+``runners.workspace.Workspace``, link-free and atomically each; nothing is extracted by
+``tarfile`` itself.
+
+A restore writes back every file and directory in the checkpoint and leaves files created
+since then in place (docs/records.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import gzip
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from runners.workspace import (
+    PathRefused,
+    Workspace,
+    WorkspaceError,
+    split_relative_path,
+    workspace_owner,
+)
+
+# The compressed archive travels base64-encoded inside a signed report or command (4 MiB
+# at most each), so it stays well under that.
+MAX_ARCHIVE_BYTES = 1024 * 1024
+MAX_CONTENT_BYTES = 64 * 1024 * 1024
+MAX_ENTRIES = 10_000
+_TEMP_PREFIX = ".kestrel-tmp-"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class CheckpointRefused(WorkspaceError):
+    """The workspace or the archive cannot be checkpointed or restored safely; says why."""
+
+    code = "checkpoint_refused"
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.entries = 0
+        self.content_bytes = 0
+        self.files = 0
+
+    def take(self, path: str, size: int) -> None:
+        self.entries += 1
+        self.content_bytes += size
+        if self.entries > MAX_ENTRIES:
+            raise CheckpointRefused(path, f"more than {MAX_ENTRIES} entries")
+        if self.content_bytes > MAX_CONTENT_BYTES:
+            raise CheckpointRefused(path, f"more than {MAX_CONTENT_BYTES} bytes of content")
+
+
+def checkpoint(args: dict[str, Any], *, workspace: Path, **_context: Any) -> dict[str, Any]:
+    """A gzip'd tar of the workspace, base64-encoded, with its SHA-256 and counts."""
+    Workspace(workspace)  # the root must be a real directory
+    budget = _Budget()
+    buffer = io.BytesIO()
+    # mtime=0 in the gzip header: the same workspace gives the same archive bytes.
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed,
+        tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive,
+    ):
+        root_fd = os.open(workspace, _DIR_FLAGS)
+        try:
+            _add_directory(archive, root_fd, "", budget, buffer)
+        finally:
+            os.close(root_fd)
+    data = buffer.getvalue()
+    if len(data) > MAX_ARCHIVE_BYTES:
+        raise CheckpointRefused(".", f"the archive would exceed {MAX_ARCHIVE_BYTES} bytes")
+    return {
+        "archive_b64": base64.b64encode(data).decode("ascii"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "files": budget.files,
+        "bytes": budget.content_bytes,
+    }
+
+
+def _add_directory(archive, dir_fd: int, prefix: str, budget: _Budget, buffer) -> None:
+    for name in sorted(os.listdir(dir_fd)):
+        if name.startswith(_TEMP_PREFIX):
+            continue  # a write in progress; the finished file is what counts
+        path = prefix + name
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            raise PathRefused(path, "is a symbolic link; checkpoints never contain links")
+        if stat.S_ISDIR(info.st_mode):
+            budget.take(path, 0)
+            member = _member(path, tarfile.DIRTYPE, 0o755, info)
+            archive.addfile(member)
+            child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            try:
+                _add_directory(archive, child, path + "/", budget, buffer)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(info.st_mode):
+            data = _read_regular(path, name, dir_fd, budget)
+            member = _member(path, tarfile.REGTYPE, 0o755 if info.st_mode & 0o111 else 0o644, info)
+            member.size = len(data)
+            archive.addfile(member, io.BytesIO(data))
+            budget.files += 1
+        else:
+            raise PathRefused(path, "is a device, socket or pipe; checkpoints hold files only")
+        if buffer.tell() > MAX_ARCHIVE_BYTES:
+            raise CheckpointRefused(path, f"the archive would exceed {MAX_ARCHIVE_BYTES} bytes")
+
+
+def _read_regular(path: str, name: str, dir_fd: int, budget: _Budget) -> bytes:
+    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    try:
+        # Checked on the open descriptor: a swap after the listing cannot slip a device in.
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PathRefused(path, "changed into something other than a regular file")
+        remaining = MAX_CONTENT_BYTES - budget.content_bytes
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(remaining + 1)
+    finally:
+        os.close(fd)
+    budget.take(path, len(data))
+    return data
+
+
+def _member(path: str, kind: bytes, mode: int, info: os.stat_result) -> tarfile.TarInfo:
+    member = tarfile.TarInfo(path)
+    member.type = kind
+    member.mode = mode
+    member.mtime = int(info.st_mtime)
+    # Ownership is the runner's business, not the archive's.
+    member.uid = member.gid = 0
+    member.uname = member.gname = ""
+    return member
+
+
+def restore(args: dict[str, Any], *, workspace: Path, **_context: Any) -> dict[str, Any]:
+    """Write a checkpoint's files back into the workspace, after checking all of it."""
+    try:
+        data = base64.b64decode(args["archive_b64"], validate=True)
+    except (binascii.Error, ValueError):
+        raise CheckpointRefused("archive_b64", "is not valid base64") from None
+    if len(data) > MAX_ARCHIVE_BYTES:
+        raise CheckpointRefused("archive_b64", f"the archive exceeds {MAX_ARCHIVE_BYTES} bytes")
+    if hashlib.sha256(data).hexdigest() != args["sha256"]:
+        raise CheckpointRefused("archive_b64", "does not match the sha256 it was sent with")
+    directories, files = _validated_members(data)
+    target = Workspace(workspace)
+    for directory in directories:
+        _make_directories(Path(workspace), split_relative_path(directory))
+    written = 0
+    for path, content in files:
+        target.write(path, content)
+        written += len(content)
+    return {
+        "sha256": args["sha256"],
+        "files": len(files),
+        "directories": len(directories),
+        "bytes": written,
+    }
+
+
+def _validated_members(data: bytes) -> tuple[list[str], list[tuple[str, bytes]]]:
+    """Every member checked before anything is written: a bad archive changes nothing."""
+    budget = _Budget()
+    directories: list[str] = []
+    files: list[tuple[str, bytes]] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+            for member in archive:
+                name = member.name
+                try:
+                    split_relative_path(name)
+                except PathRefused as refused:
+                    raise CheckpointRefused(name, refused.reason) from None
+                if name == ".":
+                    continue
+                if member.isdir():
+                    budget.take(name, 0)
+                    directories.append(name)
+                elif member.isreg():
+                    # The declared size is checked before any of the member is read.
+                    budget.take(name, member.size)
+                    extracted = archive.extractfile(member)
+                    files.append((name, extracted.read() if extracted else b""))
+                else:
+                    raise CheckpointRefused(name, "links, devices and pipes are never restored")
+    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as error:
+        raise CheckpointRefused("archive_b64", f"is not a readable tar.gz ({error})") from None
+    return directories, files
+
+
+def _make_directories(root: Path, parts: tuple[str, ...]) -> None:
+    """Create ``parts`` below ``root`` one component at a time, never through a link."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        walked = []
+        for part in parts:
+            walked.append(part)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+                if os.geteuid() == 0:
+                    uid, gid = workspace_owner()
+                    os.chown(part, uid, gid, dir_fd=fd, follow_symlinks=False)
+            try:
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                raise PathRefused("/".join(walked), "is a link or not a directory") from None
+            os.close(fd)
+            fd = next_fd
+    finally:
+        os.close(fd)
