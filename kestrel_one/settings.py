@@ -7,6 +7,7 @@ external services to be named explicitly and refuses to start otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from datetime import timedelta
@@ -15,6 +16,8 @@ from pathlib import Path
 import dj_database_url
 import structlog
 from django.core.exceptions import ImproperlyConfigured
+
+from kestrel_one.common.redaction import redact_log_event
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -190,6 +193,27 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+# Artifacts and checkpoints (docs/records.md): a folder under the data directory by default;
+# any Django storage backend (for example django-storages' S3 backend) by naming it and its
+# options as JSON.
+KESTREL_ARTIFACT_STORAGE_BACKEND = env_str(
+    "KESTREL_ARTIFACT_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage"
+)
+try:
+    _artifact_storage_options = json.loads(env_str("KESTREL_ARTIFACT_STORAGE_OPTIONS", "{}"))
+except ValueError as exc:
+    raise ImproperlyConfigured("KESTREL_ARTIFACT_STORAGE_OPTIONS must be a JSON object") from exc
+if not isinstance(_artifact_storage_options, dict):
+    raise ImproperlyConfigured("KESTREL_ARTIFACT_STORAGE_OPTIONS must be a JSON object")
+if KESTREL_ARTIFACT_STORAGE_BACKEND.endswith("FileSystemStorage"):
+    _artifact_storage_options.setdefault("location", str(KESTREL_DATA_DIR / "artifacts"))
+    # Nobody but the service reads these files; they are served through the API only.
+    _artifact_storage_options.setdefault("file_permissions_mode", 0o600)
+    _artifact_storage_options.setdefault("directory_permissions_mode", 0o700)
+STORAGES["artifacts"] = {
+    "BACKEND": KESTREL_ARTIFACT_STORAGE_BACKEND,
+    "OPTIONS": _artifact_storage_options,
+}
 WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -334,6 +358,19 @@ CELERY_BEAT_SCHEDULE["sweep-webhook-deliveries"] = {
     "options": {"queue": "control"},
 }
 
+# Records (docs/records.md). stdout/stderr past this many bytes are kept in full as an
+# artifact; the action's result keeps this much inline with a marker.
+KESTREL_ARTIFACT_INLINE_BYTES = env_int("KESTREL_ARTIFACT_INLINE_BYTES", 16 * 1024)
+# Share links live this long unless the caller asks for less; never longer than the maximum.
+KESTREL_SHARE_DEFAULT_SECONDS = env_int("KESTREL_SHARE_DEFAULT_SECONDS", 7 * 24 * 60 * 60)
+KESTREL_SHARE_MAX_SECONDS = env_int("KESTREL_SHARE_MAX_SECONDS", 30 * 24 * 60 * 60)
+KESTREL_RETENTION_SWEEP_SECONDS = env_int("KESTREL_RETENTION_SWEEP_SECONDS", 60 * 60)
+CELERY_BEAT_SCHEDULE["retention-sweep"] = {
+    "task": "control.retention",
+    "schedule": float(KESTREL_RETENTION_SWEEP_SECONDS),
+    "options": {"queue": "control"},
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -343,6 +380,9 @@ LOGGING = {
             "processors": [
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
+                # Last before rendering, so whatever any logger bound (stdlib or structlog,
+                # exceptions included) is redacted by the same rules as audit data.
+                redact_log_event,
                 structlog.processors.JSONRenderer(),
             ],
             "foreign_pre_chain": [structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name],

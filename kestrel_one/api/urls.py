@@ -4,6 +4,18 @@ from django.urls import path
 
 from kestrel_one.accounts.api import TokenViewSet
 from kestrel_one.api.views import DocsView, HealthView, SchemaView
+from kestrel_one.artifacts.api import (
+    ArtifactShareViewSet,
+    ArtifactViewSet,
+    CheckpointRestoreViewSet,
+    CheckpointViewSet,
+    ReplayViewSet,
+    RetentionViewSet,
+    SharedContentView,
+    SharedObjectView,
+    ShareLinkViewSet,
+    ThreadShareViewSet,
+)
 from kestrel_one.audit.api import AuditRecordViewSet
 from kestrel_one.execution.api import RunnerViewSet
 from kestrel_one.execution.http import (
@@ -39,6 +51,8 @@ ORG = "orgs/<slug:org>"
 WHK = f"{ORG}/webhooks/<str:id>"
 THR = f"{ORG}/projects/<str:prj>/threads/<str:thr>"
 ACT = f"{THR}/actions/<str:act>"
+ART = f"{ORG}/artifacts/<str:id>"
+CHK = f"{ORG}/projects/<str:prj>/checkpoints/<str:chk>"
 
 urlpatterns = [
     path("health", HealthView.as_view(), name="health"),
@@ -125,4 +139,32 @@ urlpatterns = [
         WebhookDeliveryViewSet.as_view({"post": "retry"}),
         name="webhook-delivery-retry",
     ),
+    # Records (docs/records.md): artifacts, share links, replay, checkpoints, retention.
+    path(f"{ORG}/artifacts", ArtifactViewSet.as_view({"get": "list"}), name="artifact-list"),
+    path(ART, ArtifactViewSet.as_view({"get": "retrieve"}), name="artifact-detail"),
+    path(f"{ART}/content", ArtifactViewSet.as_view({"get": "content"}), name="artifact-content"),
+    path(f"{ART}/share", ArtifactShareViewSet.as_view({"post": "create"}), name="artifact-share"),
+    path(f"{THR}/share", ThreadShareViewSet.as_view({"post": "create"}), name="thread-share"),
+    path(f"{THR}/replay", ReplayViewSet.as_view({"get": "retrieve"}), name="thread-replay"),
+    path(f"{ORG}/shares", ShareLinkViewSet.as_view({"get": "list"}), name="share-list"),
+    path(
+        f"{ORG}/shares/<str:id>",
+        ShareLinkViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="share-detail",
+    ),
+    path(
+        f"{ORG}/projects/<str:prj>/checkpoints",
+        CheckpointViewSet.as_view({"get": "list"}),
+        name="checkpoint-list",
+    ),
+    path(CHK, CheckpointViewSet.as_view({"get": "retrieve"}), name="checkpoint-detail"),
+    path(
+        f"{CHK}/restore",
+        CheckpointRestoreViewSet.as_view({"post": "restore"}),
+        name="checkpoint-restore",
+    ),
+    path(f"{ORG}/retention", RetentionViewSet.as_view(POLICY), name="retention"),
+    # Public: the token in the path opens one object; no credential is read.
+    path("shared/<str:token>", SharedObjectView.as_view(), name="shared-object"),
+    path("shared/<str:token>/content", SharedContentView.as_view(), name="shared-content"),
 ]

@@ -33,6 +33,8 @@ PREFIXES = frozenset(
         "aud",
         "pln",
         "ver",
+        "shr",
+        "chk",
     }
 )
 

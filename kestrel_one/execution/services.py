@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from kestrel_one.accounts.principal import runner_principal, system_principal
+from kestrel_one.artifacts.services import artifacts_capture
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Unavailable, ValidationFailed
 from kestrel_one.common.injection import injection_flags
@@ -344,6 +345,9 @@ def _record_started(action: Action, runner: Runner, report) -> str:
 
 def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     now = timezone.now()
+    # Output past the inline cap and checkpoint archives become artifacts; the action and
+    # its receipt keep the inline part and a reference (docs/records.md).
+    result = artifacts_capture(action=action, result=report.result)
     state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
     # Tool output is untrusted data: flagged for people, never read as an instruction.
     output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}
@@ -353,7 +357,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         state=state,
         runner=runner,
         finished_at=now,
-        result=report.result,
+        result=result,
         error=report.error,
         started_at=action.started_at or now,
         flags=sorted(set(action.flags) | output_flags),
@@ -370,7 +374,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         action_digest=action.action_digest,
         scope=action_scope(action),
         outcome=report.outcome,
-        result=report.result,
+        result=result,
         error=report.error,
         policy_version=action.policy_version,
         decision=action.decision,

@@ -79,6 +79,26 @@ def webhook_objects(world):
     return world.webhook_objects
 
 
+def records_objects(world):
+    """Records for the walker, made once per world: an artifact and a share link in the
+    project every member can see (``other_project``), and a checkpoint in ``project``."""
+    if not hasattr(world, "records_objects"):
+        from kestrel_one.artifacts.services import artifact_create, share_create
+        from tests.artifacts.helpers import make_checkpoint
+
+        artifact = artifact_create(
+            project=world.other_project,
+            kind="stdout",
+            name="walker.stdout.txt",
+            content=b"walker output\n",
+            created_by="tests",
+        )
+        link, _ = share_create(actor=world.agent, artifact=artifact, expires_in=3600)
+        checkpoint = make_checkpoint(project=world.project, thread=world.thread)
+        world.records_objects = (artifact, link, checkpoint)
+    return world.records_objects
+
+
 # URL kwarg fillers: world -> value, per route name (object ids differ per route).
 Filler = Callable[[object], str]
 
@@ -123,6 +143,18 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:plan-list": PLAN_THREAD,
     "api:plan-detail": {**PLAN_THREAD, "plan": lambda w: w.plan.public_id},
     "api:plan-accept": {**PLAN_THREAD, "plan": lambda w: w.plan.public_id},
+    "api:artifact-list": {},
+    "api:artifact-detail": {"id": lambda w: records_objects(w)[0].public_id},
+    "api:artifact-content": {"id": lambda w: records_objects(w)[0].public_id},
+    "api:artifact-share": {"id": lambda w: records_objects(w)[0].public_id},
+    "api:thread-share": THREAD,
+    "api:thread-replay": THREAD,
+    "api:share-list": {},
+    "api:share-detail": {"id": lambda w: records_objects(w)[1].public_id},
+    "api:checkpoint-list": PRJ,
+    "api:checkpoint-detail": {**PRJ, "chk": lambda w: records_objects(w)[2].public_id},
+    "api:checkpoint-restore": {**PRJ, "chk": lambda w: records_objects(w)[2].public_id},
+    "api:retention": {},
 }
 
 READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}
@@ -158,6 +190,15 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
         "steps": [{"tool": "fs.read", "args": {"path": "README.md"}}]
     },
     ("api:plan-accept", "post"): lambda w: {},
+    ("api:artifact-share", "post"): lambda w: {"expires_in": 3600},
+    ("api:thread-share", "post"): lambda w: {"expires_in": 3600},
+    ("api:checkpoint-restore", "post"): lambda w: {},
+    ("api:retention", "put"): lambda w: {
+        "events_days": 30,
+        "artifacts_days": 30,
+        "checkpoints_days": 14,
+        "audit_days": 365,
+    },
 }
 
 # Routes whose writes are self-service: any member (viewers included) may act on their own

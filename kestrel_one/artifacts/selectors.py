@@ -1,0 +1,252 @@
+"""Reads for records: what a principal may see, what a share token opens, a thread's replay."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.utils import timezone
+
+from kestrel_one.artifacts.models import Artifact, Checkpoint, OrganizationRetention, ShareLink
+from kestrel_one.common.redaction import bounded
+from kestrel_one.tenancy.models import Project
+
+# Replay projections are bounded per item, so one huge call cannot make a replay unbounded.
+REPLAY_ARGS_MAX_BYTES = 4096
+REPLAY_RESULT_MAX_BYTES = 8192
+REPLAY_SMALL_MAX_BYTES = 2048
+REPLAY_PAGE_DEFAULT = 500
+REPLAY_PAGE_MAX = 1000
+
+
+def visible_projects(*, principal, organization):
+    return Project.objects.visible_to(principal, organization)
+
+
+def artifacts_visible_to(queryset, *, principal, organization):
+    """Artifacts in projects the principal may see (a limited member: granted ones only)."""
+    return queryset.filter(
+        project__in=visible_projects(principal=principal, organization=organization)
+    ).select_related("project", "thread", "action")
+
+
+def share_links_visible_to(queryset, *, principal, organization):
+    return queryset.filter(
+        project__in=visible_projects(principal=principal, organization=organization)
+    ).select_related("artifact", "thread")
+
+
+def share_resolve(token: str, *, now: datetime | None = None) -> ShareLink | None:
+    """The live link this token opens, or None: unknown, revoked and expired look the same."""
+    from kestrel_one.artifacts.services import SHARE_TOKEN_PREFIX, share_token_hash
+
+    if not isinstance(token, str) or not token.startswith(SHARE_TOKEN_PREFIX) or len(token) > 100:
+        return None
+    now = now or timezone.now()
+    return (
+        ShareLink.objects.select_related("artifact", "thread", "organization")
+        .filter(token_hash=share_token_hash(token), revoked_at__isnull=True, expires_at__gt=now)
+        .first()
+    )
+
+
+def retention_for(organization) -> OrganizationRetention:
+    """The organization's retention, or the defaults (unsaved) when it never set one."""
+    return OrganizationRetention.objects.filter(
+        organization=organization
+    ).first() or OrganizationRetention(organization=organization)
+
+
+def artifact_projection(artifact: Artifact, *, shared: bool = False) -> dict:
+    projection = {
+        "id": artifact.public_id,
+        "kind": artifact.kind,
+        "name": artifact.name,
+        "content_type": artifact.content_type,
+        "size": artifact.size,
+        "sha256": artifact.sha256,
+        "created_at": artifact.created_at,
+    }
+    if not shared:
+        projection.update(
+            {
+                "project": artifact.project.public_id,
+                "thread": artifact.thread.public_id if artifact.thread_id else None,
+                "action": artifact.action.public_id if artifact.action_id else None,
+                "created_by": artifact.created_by,
+            }
+        )
+    return projection
+
+
+def checkpoint_projection(checkpoint: Checkpoint, *, shared: bool = False) -> dict:
+    projection = {
+        "id": checkpoint.public_id,
+        "artifact": checkpoint.artifact.public_id,
+        "sha256": checkpoint.artifact.sha256,
+        "size": checkpoint.artifact.size,
+        "files": checkpoint.files,
+        "bytes": checkpoint.content_bytes,
+        "created_at": checkpoint.created_at,
+    }
+    if not shared:
+        projection.update(
+            {
+                "project": checkpoint.project.public_id,
+                "thread": checkpoint.thread.public_id if checkpoint.thread_id else None,
+                "action": checkpoint.action.public_id if checkpoint.action_id else None,
+                "created_by": checkpoint.created_by,
+            }
+        )
+    return projection
+
+
+def thread_replay(
+    *, thread, after: int = 0, limit: int = REPLAY_PAGE_DEFAULT, shared: bool = False
+) -> dict:
+    """The thread's events in order, with the actions (and their decisions) and receipts
+    they refer to, each redacted and bounded (AUD-5).
+
+    Events are the spine: actions appear in the order their first event does, receipts in
+    the order of the event that recorded them, so reading a finished thread twice gives the
+    same sequence. Pages follow ``after`` like the events endpoint. ``shared`` leaves out
+    everything that names the thread's surroundings (project, environment, organization,
+    requesters), for a share link that grants the thread alone (TEN-6).
+    """
+    from kestrel_one.execution.models import Action, Receipt
+    from kestrel_one.threads.models import ThreadEvent
+
+    limit = max(1, min(limit, REPLAY_PAGE_MAX))
+    events = list(
+        ThreadEvent.objects.filter(thread=thread, sequence__gt=after)
+        .select_related("action")
+        .order_by("sequence")[: limit + 1]
+    )
+    more = len(events) > limit
+    events = events[:limit]
+    action_order: list[int] = []
+    for event in events:
+        if event.action_id is not None and event.action_id not in action_order:
+            action_order.append(event.action_id)
+    actions = {
+        action.pk: action
+        for action in Action.objects.filter(thread=thread, pk__in=action_order).select_related(
+            "approval__decided_by", "receipt"
+        )
+    }
+    receipt_ids = [
+        event.data.get("receipt")
+        for event in events
+        if event.kind == "action.finished" and isinstance(event.data, dict)
+    ]
+    receipts = {
+        receipt.public_id: receipt
+        for receipt in Receipt.objects.filter(
+            action__thread=thread, public_id__in=[r for r in receipt_ids if r]
+        )
+    }
+    first = ThreadEvent.objects.filter(thread=thread).order_by("sequence").first()
+    replay = {
+        "thread": {
+            "id": thread.public_id,
+            "title": thread.title,
+            "mode": thread.mode,
+            "created_at": thread.created_at,
+            "last_event": thread.last_event_sequence,
+        },
+        # Retention may have removed the oldest events of a thread still in use.
+        "first_sequence": first.sequence if first else None,
+        "events": [_event_projection(event) for event in events],
+        "actions": [
+            _action_projection(actions[pk], shared=shared) for pk in action_order if pk in actions
+        ],
+        "receipts": [
+            _receipt_projection(receipts[rid], shared=shared)
+            for rid in receipt_ids
+            if rid in receipts
+        ],
+        "next_after": events[-1].sequence if more else None,
+    }
+    if not more:
+        replay["artifacts"] = [
+            artifact_projection(artifact, shared=shared)
+            for artifact in thread.artifacts.select_related("project", "thread", "action").order_by(
+                "public_id"
+            )
+        ]
+        replay["checkpoints"] = [
+            checkpoint_projection(checkpoint, shared=shared)
+            for checkpoint in thread.checkpoints.select_related(
+                "artifact", "project", "thread", "action"
+            ).order_by("public_id")
+        ]
+    if not shared:
+        replay["thread"]["project"] = thread.project.public_id
+    return replay
+
+
+def _event_projection(event) -> dict:
+    return {
+        "sequence": event.sequence,
+        "kind": event.kind,
+        "action": event.action.public_id if event.action_id else None,
+        # Redacted and bounded when appended; bounded again so a replay stays bounded even
+        # if the event limit is raised later.
+        "data": bounded(event.data, max_bytes=REPLAY_RESULT_MAX_BYTES),
+        "created_at": event.created_at,
+    }
+
+
+def _action_projection(action, *, shared: bool) -> dict:
+    approval = getattr(action, "approval", None) if hasattr(action, "approval") else None
+    projection = {
+        "id": action.public_id,
+        "tool": action.tool,
+        "args": bounded(action.args, max_bytes=REPLAY_ARGS_MAX_BYTES),
+        "args_digest": action.args_digest,
+        "action_digest": action.action_digest,
+        "mode": action.mode,
+        "state": action.state,
+        "decision": bounded(action.decision, max_bytes=REPLAY_SMALL_MAX_BYTES),
+        "policy_version": action.policy_version,
+        "approval": (
+            {
+                "decision": approval.decision,
+                "reason": bounded(approval.reason, max_bytes=REPLAY_SMALL_MAX_BYTES),
+                "at": approval.created_at,
+            }
+            if approval
+            else None
+        ),
+        "flags": action.flags,
+        "result": bounded(action.result, max_bytes=REPLAY_RESULT_MAX_BYTES),
+        "error": bounded(action.error, max_bytes=REPLAY_SMALL_MAX_BYTES),
+        "created_at": action.created_at,
+        "finished_at": action.finished_at,
+    }
+    if not shared:
+        projection["requested_by"] = action.requested_by
+        if approval:
+            projection["approval"]["by"] = approval.decided_by.public_id
+    return projection
+
+
+def _receipt_projection(receipt, *, shared: bool) -> dict:
+    projection = {
+        "id": receipt.public_id,
+        "call_id": receipt.call_id,
+        "tool": receipt.tool,
+        "args": bounded(receipt.args, max_bytes=REPLAY_ARGS_MAX_BYTES),
+        "args_digest": receipt.args_digest,
+        "action_digest": receipt.action_digest,
+        "outcome": receipt.outcome,
+        "result": bounded(receipt.result, max_bytes=REPLAY_RESULT_MAX_BYTES),
+        "error": bounded(receipt.error, max_bytes=REPLAY_SMALL_MAX_BYTES),
+        "policy_version": receipt.policy_version,
+        "sandbox": receipt.sandbox,
+        "started_at": receipt.started_at,
+        "finished_at": receipt.finished_at,
+    }
+    if not shared:
+        projection["scope"] = receipt.scope
+        projection["runner"] = receipt.runner
+    return projection

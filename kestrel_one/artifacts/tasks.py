@@ -1,0 +1,23 @@
+"""Control-plane Celery task for retention: a thin wrapper around the sweep service."""
+
+from __future__ import annotations
+
+import structlog
+
+from kestrel_one.artifacts.services import retention_sweep
+from kestrel_one.celery import app
+
+logger = structlog.get_logger(__name__)
+
+
+@app.task(name="control.retention", queue="control", time_limit=1800, soft_time_limit=1700)
+def retention() -> None:
+    """Delete what each organization's retention no longer keeps (beat, hourly by default).
+
+    Not retried: the next scheduled sweep picks up whatever this one did not finish, and each
+    organization's sweep is its own transaction.
+    """
+    swept = retention_sweep()
+    for slug, counts in swept.items():
+        if any(counts.values()):
+            logger.info("retention sweep deleted expired records", organization=slug, **counts)
