@@ -27,6 +27,18 @@ WRITE_METHODS = {"post", "put", "patch", "delete"}
 ORG_ACTORS = ("owner", "admin", "member", "viewer", "limited")
 
 
+# Every app that stores tenant data: a refused request must change none of it.
+FINGERPRINTED_APPS = (
+    "accounts",
+    "tenancy",
+    "audit",
+    "guardian",
+    "governance",
+    "threads",
+    "execution",
+    "webhooks",
+    "artifacts",
+)
 # A refused request changes nothing except the audit record of its refusal (AUD-1): those
 # rows, and the chain head that moves with them, are left out. Every other audit row still
 # counts, so a refused request that wrote a "success" record would still fail the walk.
@@ -37,7 +49,7 @@ UNCOMPARED_BY_MODEL = {"audit.AuditChain": {"last_sequence", "last_hash"}}
 def database_fingerprint() -> str:
     """Every tenant row, minus advisory fields and refusal records, as one comparable string."""
     rows = {}
-    for label in ("accounts", "tenancy", "audit", "guardian"):
+    for label in FINGERPRINTED_APPS:
         for model in apps.get_app_config(label).get_models():
             queryset = model.objects.order_by("pk")
             if model._meta.label == "audit.AuditRecord":
