@@ -32,6 +32,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import unquote
 
+from kestrel_one.common.ids import PREFIXES
+
 MASK = "[redacted]"
 TRUNCATED = "[truncated]"
 
@@ -91,6 +93,11 @@ _WORD = re.compile(r"[^\s\"'<>]+")
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _JSON_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}")
 _HIGH_ENTROPY_RUN = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
+# Our own public ids (prj_01J..., a prefix and a ULID) look random but are never secret, and
+# they are what audit records, events and links refer to; they are judged as absent.
+_PUBLIC_ID = re.compile(
+    r"(?:%s)_[0-9A-HJKMNP-TV-Z]{26}" % "|".join(sorted(PREFIXES))  # noqa: UP031
+)
 _HEX_ONLY = re.compile(r"^[0-9a-fA-F]+$")
 
 HIGH_ENTROPY_MIN_LENGTH = 32
@@ -135,9 +142,12 @@ def _redact_text(text: str, *, depth: int) -> str:
         text = _WORD.sub(lambda m: _decode_word(m.group(), depth), text)
         text = _HEX_RUN.sub(lambda m: _mask_if_secret(m.group(), _hex_decode, depth), text)
         text = _BASE64_RUN.sub(lambda m: _mask_if_secret(m.group(), _base64_decode, depth), text)
-    return _HIGH_ENTROPY_RUN.sub(
-        lambda m: MASK if looks_high_entropy(m.group()) else m.group(), text
-    )
+    return _HIGH_ENTROPY_RUN.sub(_mask_high_entropy, text)
+
+
+def _mask_high_entropy(match: re.Match) -> str:
+    run = match.group()
+    return MASK if looks_high_entropy(_PUBLIC_ID.sub("", run)) else run
 
 
 def _mask_assignment(match: re.Match) -> str:

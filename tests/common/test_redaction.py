@@ -165,6 +165,11 @@ KEPT_TEXTS = [
     ("iso time", "2026-11-29T15:06:00+00:00"),
     ("policy glob", "capabilities.fs.write.paths[0] = src/**"),
     ("no password set", "password="),
+    ("api path with ids", "/api/v1/orgs/acme/projects/prj_01M8KX6BSFTSQKWHRZS9QHWS6A/threads"),
+    (
+        "policy version label",
+        "env:pol_01M8KX6BSFTSQKWHRZS9QHWS6A+prj:pol_01M8KX7CBK2V3S9W0Q1TE4N5D8+mode:agent+surface:api",
+    ),
 ]
 
 
