@@ -98,7 +98,7 @@ def test_revoked_token_gets_401(world):
     assert client.get("/api/v1/orgs/acme").status_code == 401
 
 
-@pytest.mark.spec("API-2")
+@pytest.mark.spec("API-2", "API-4")
 def test_session_cookie_alone_gets_401(world, client):
     owner = world["owner"].user
     response = client.post(

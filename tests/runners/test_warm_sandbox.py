@@ -192,6 +192,7 @@ def test_tmpdir_is_fresh_and_empty_for_every_call_and_removed_after(
     assert sorted(second[2:-1]) == sorted([second[0].removeprefix("/tmp/"), "stray"])
 
 
+@pytest.mark.spec("RUN-8", "RUN-4")
 def test_background_children_do_not_outlive_their_call(warm, workspace, project, runner_id):
     shell(
         warm,
