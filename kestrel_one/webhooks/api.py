@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
@@ -45,7 +47,7 @@ class WebhookEndpointSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
 
-    def get_rotation_overlap_until(self, endpoint):
+    def get_rotation_overlap_until(self, endpoint) -> datetime | None:
         expires = endpoint.previous_secret_expires_at
         return expires if expires and expires > timezone.now() else None
 
