@@ -53,6 +53,8 @@ _SECRET_KEY = re.compile(
 # Known formats. Anchors are loose on purpose: a token glued to other text is still a token.
 _KNOWN_SECRET = re.compile(
     r"(kst_[A-Za-z0-9]{8,}_[A-Za-z0-9_-]{16,}"  # Kestrel API tokens
+    r"|ksh_[A-Za-z0-9_-]{16,}"  # Kestrel share-link tokens (they travel in URLs)
+    r"|whsec_[A-Za-z0-9+/=]{16,}"  # webhook signing secrets
     r"|-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----[\s\S]*?"
     r"(-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|$)"
     r"|\b(sk|pk|rk)_(live|test)_[A-Za-z0-9]{16,}"  # Stripe

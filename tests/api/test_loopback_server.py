@@ -204,3 +204,24 @@ def test_bootstrap_prints_one_line_of_json(data_dir):
     assert second["token"] != body["token"], "each run prints a new token"
     bad = manage(env, "bootstrap", "--org", "Not A Slug!", "--email", "ada@example.com")
     assert bad.returncode != 0 and "--org" in bad.stderr
+
+
+@pytest.mark.spec("CRED-1")
+def test_access_log_never_carries_tokens_from_urls(data_dir):
+    """Share links put their token in the path; gunicorn's own access log must mask it."""
+    env = single_host_env(data_dir)
+    port = free_port()
+    server = Server(
+        env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port
+    )
+    share = "ksh_" + "Zq7" * 15
+    api_token = "kst_abcdefghijkl_" + "Q9x" * 15
+    try:
+        server.wait_ready()
+        base = f"http://127.0.0.1:{port}/api/v1"
+        assert requests.get(f"{base}/shared/{share}/content", timeout=10).status_code == 404
+        requests.get(f"{base}/orgs?token={api_token}", timeout=10)
+    finally:
+        output = server.stop()
+    assert "/api/v1/shared/" in output, "the request is logged"
+    assert share not in output and api_token not in output

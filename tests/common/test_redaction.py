@@ -52,6 +52,11 @@ def json_escape_all(text: str) -> str:
 
 
 SECRET_TEXTS = [
+    (
+        "kestrel share token in a path",
+        "GET /api/v1/shared/ksh_Zq7Zq7Zq7Zq7Zq7Zq7Zq7Zq7Zq7Zq7/content",
+    ),
+    ("webhook signing secret", "secret whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw was rotated"),
     ("kestrel token", PLANTED),
     ("kestrel token in a sentence", f"the token is {PLANTED}, keep it"),
     ("kestrel token glued to text", f"token:{PLANTED}"),

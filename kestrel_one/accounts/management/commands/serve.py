@@ -101,6 +101,10 @@ class Command(BaseCommand):
                 self.cfg.set("threads", threads)
                 self.cfg.set("worker_class", "gthread")
                 self.cfg.set("accesslog", "-")
+                # Share links carry their token in the path: the access log is redacted.
+                self.cfg.set(
+                    "logger_class", "kestrel_one.common.gunicorn_logging.RedactingAccessLogger"
+                )
                 self.cfg.set("timeout", 120)
                 # Never trust X-Forwarded-For for the source address: loopback rules use
                 # the socket's peer only.
