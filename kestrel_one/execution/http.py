@@ -22,6 +22,7 @@ from kestrel_one.execution.models import (
     TERMINAL_STATES,
     Action,
     ActionState,
+    Approval,
     IdempotencyKey,
     Plan,
     Receipt,
@@ -74,12 +75,15 @@ class ActionSerializer(serializers.ModelSerializer):
         ]
 
     def get_receipt(self, action) -> str | None:
-        receipt = getattr(action, "receipt", None) if hasattr(action, "receipt") else None
-        return receipt.public_id if receipt else None
+        try:
+            return action.receipt.public_id
+        except Receipt.DoesNotExist:
+            return None
 
     def get_approval(self, action) -> dict | None:
-        approval = getattr(action, "approval", None) if hasattr(action, "approval") else None
-        if approval is None:
+        try:
+            approval = action.approval
+        except Approval.DoesNotExist:
             return None
         return {
             "id": approval.public_id,
