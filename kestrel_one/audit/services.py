@@ -15,7 +15,7 @@ import structlog
 from django.db import transaction
 from django.utils import timezone
 
-from kestrel_one.audit.chain import GENESIS_HASH, chain_hash
+from kestrel_one.audit.chain import GENESIS_HASH, HASHED_FIELDS, chain_hash
 from kestrel_one.audit.models import AuditChain, AuditRecord
 from kestrel_one.common import context
 from kestrel_one.common.redaction import bounded, redact_text
@@ -32,21 +32,8 @@ def record_hash(record: AuditRecord, *, organization_public_id: str) -> str:
     return chain_hash(fields, organization_public_id=organization_public_id)
 
 
-_STORED_FIELDS = (
-    "sequence",
-    "created_at",
-    "actor_type",
-    "actor_id",
-    "action",
-    "target_type",
-    "target_id",
-    "outcome",
-    "data",
-    "request_id",
-    "source_address",
-    "prev_hash",
-    "public_id",
-)
+# The record's own fields that the hash binds; the organization is bound by its public id.
+_STORED_FIELDS = tuple(name for name in HASHED_FIELDS if name != "organization")
 
 
 def audit_record(
