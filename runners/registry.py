@@ -28,7 +28,9 @@ __all__ = [
     "InvalidArguments",
     "ToolSpec",
     "UnknownTool",
+    "declared_outputs",
     "get_tool",
+    "output_read_requests",
     "validate_args",
 ]
 
@@ -41,6 +43,13 @@ MAX_SCRIPT_CHARS = 64 * 1024
 MAX_CODE_CHARS = 64 * 1024
 MAX_ENV_ENTRIES = 64
 MAX_TIMEOUT_S = 3600
+# Declared outputs (shell.exec, code.python): files the runner reads back after the command
+# and returns whole, so the control plane can keep them as artifacts. The caps keep every
+# output inside one signed report (base64 adds a third; the report limit is 4 MiB).
+MAX_OUTPUTS = 16
+MAX_OUTPUT_PATH_CHARS = 255  # an artifact's name is the path, and names hold 255 characters
+MAX_OUTPUT_FILE_BYTES = 256 * 1024
+MAX_OUTPUTS_TOTAL_BYTES = 1024 * 1024
 
 _NO_NUL = "^[^\\x00]*$"
 
@@ -53,6 +62,14 @@ _PATH = {
 }
 
 _TIMEOUT = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_S}
+
+_OUTPUTS = {
+    "type": "array",
+    "maxItems": MAX_OUTPUTS,
+    "uniqueItems": True,
+    "items": {**_PATH, "maxLength": MAX_OUTPUT_PATH_CHARS},
+    "description": "Workspace-relative files to return after the command, kept as artifacts.",
+}
 
 
 def _object(properties: Mapping[str, Any], required: list[str], **extra: Any) -> dict:
@@ -149,6 +166,7 @@ _SHELL_SCHEMA = _object(
             },
         },
         "timeout_s": _TIMEOUT,
+        "outputs": _OUTPUTS,
     },
     [],
     oneOf=[{"required": ["argv"]}, {"required": ["script"]}],
@@ -179,6 +197,7 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                             "pattern": _NO_NUL,
                         },
                         "timeout_s": _TIMEOUT,
+                        "outputs": _OUTPUTS,
                     },
                     ["code"],
                 ),
@@ -288,6 +307,13 @@ def validate_args(name: str, args: Any) -> dict[str, Any]:
                 split_relative_path(args[field])
             except PathRefused as refused:
                 raise InvalidArguments(f"args.{field}", refused.reason) from None
+    for index, output in enumerate(args.get("outputs", ())):
+        # The same path rules as the file tools: the path the policy judged is the one read.
+        try:
+            if not split_relative_path(output):
+                raise PathRefused(output, "is the workspace itself; declare files")
+        except PathRefused as refused:
+            raise InvalidArguments(f"args.outputs[{index}]", refused.reason) from None
     for variable in sorted(args.get("env", {})):
         # The sandbox owns these (TMPDIR is the per-command tmpfs, HOME the workspace);
         # refusing beats silently ignoring. A contract, not a boundary: a script may export
@@ -297,6 +323,22 @@ def validate_args(name: str, args: Any) -> dict[str, Any]:
                 f"args.env.{variable}", "is set by the sandbox and cannot be overridden"
             )
     return copy.deepcopy(args)
+
+
+def declared_outputs(args: Mapping[str, Any]) -> tuple[str, ...]:
+    """The files validated ``args`` declare as outputs (shell.exec, code.python), in order.
+
+    A process tool's policy request judges the program or the code, not paths (a shell.exec
+    or code.exec grant has no path list), so these are not added to its ``Request``: the
+    control plane judges each one separately as an ``fs.read`` request, see
+    ``output_read_requests``.
+    """
+    return tuple(args.get("outputs", ()))
+
+
+def output_read_requests(args: Mapping[str, Any]) -> tuple[Request, ...]:
+    """One ``fs.read`` request per declared output: returning a file is reading it."""
+    return tuple(Request(capability="fs.read", paths=(path,)) for path in declared_outputs(args))
 
 
 def _field_error(error: jsonschema.exceptions.ValidationError) -> InvalidArguments:

@@ -57,6 +57,12 @@ class PathNotFound(WorkspaceError):
     code = "path_not_found"
 
 
+class FileTooLarge(WorkspaceError):
+    """The file is larger than the caller may take whole."""
+
+    code = "too_large"
+
+
 class WrongFileType(WorkspaceError):
     """The path exists but is not the kind of file the operation needs."""
 
@@ -172,6 +178,31 @@ class Workspace:
         return FileContent(
             data=data, size=size, sha256=digest.hexdigest(), truncated=size > len(data)
         )
+
+    def read_whole(self, path: str, *, max_bytes: int) -> bytes:
+        """All of the regular file at ``path``, or ``FileTooLarge`` past ``max_bytes``.
+
+        Unlike ``read``, nothing past the cap is read or hashed: a command may leave a file
+        of any size behind, and returning its outputs must not cost the runner more than
+        the cap. The size is checked before reading and again by reading one byte more, in
+        case the file grows meanwhile.
+        """
+        *parents, name = _components_of_file(path)
+        with self._directory(path, parents) as dir_fd:
+            fd = self._open_leaf(path, name, dir_fd, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                info = os.fstat(fd)
+                _require_regular(path, info)
+                if info.st_size > max_bytes:
+                    raise FileTooLarge(path, f"is larger than {max_bytes} bytes")
+            except WorkspaceError:
+                os.close(fd)
+                raise
+            with os.fdopen(fd, "rb") as file:
+                data = file.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise FileTooLarge(path, f"is larger than {max_bytes} bytes")
+        return data
 
     def write(self, path: str, data: bytes) -> FileDigest:
         """Create or atomically replace the regular file at ``path``; parents are created.

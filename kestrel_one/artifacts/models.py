@@ -17,8 +17,8 @@ class ArtifactKind(models.TextChoices):
 
 
 class Artifact(models.Model):
-    """A file a tool produced (output past the inline cap, a checkpoint archive), kept in
-    the artifact storage with its size, content type and SHA-256."""
+    """A file a tool produced (output past the inline cap, a declared output, a checkpoint
+    archive), kept in the artifact storage with its size, content type and SHA-256."""
 
     public_id = PublicIdField("art")
     organization = models.ForeignKey(

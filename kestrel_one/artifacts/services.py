@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import mimetypes
 import secrets
 from datetime import datetime, timedelta
 
@@ -38,6 +39,7 @@ from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, ValidationFailed
 from kestrel_one.common.ids import new_public_id
 from kestrel_one.common.redaction import redact_text
+from runners.registry import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUTS_TOTAL_BYTES, declared_outputs
 
 # The runner caps a checkpoint archive well below this (runners.tools.checkpoints); the
 # control plane checks again because a report is untrusted data until proven otherwise.
@@ -46,6 +48,9 @@ SHARE_TOKEN_PREFIX = "ksh_"  # noqa: S105 - a token prefix, not a secret
 # Which ids a retention sweep names in its audit record (the counts are always complete).
 SWEEP_AUDIT_MAX_IDS = 50
 OUTPUT_STREAMS = ("stdout", "stderr")
+# The errors a runner may report for a declared output (runners.tools.processes); anything
+# else it says is replaced by "invalid" rather than stored.
+OUTPUT_RUNNER_ERRORS = frozenset({"not_found", "too_large", "path_refused", "wrong_file_type"})
 CONTENT_TYPES = {
     ArtifactKind.STDOUT: "text/plain; charset=utf-8",
     ArtifactKind.STDERR: "text/plain; charset=utf-8",
@@ -66,8 +71,13 @@ def artifact_create(
     created_by: str,
     thread=None,
     action=None,
+    content_type: str | None = None,
 ) -> Artifact:
-    """Store ``content`` and record it. The storage name holds public ids only."""
+    """Store ``content`` and record it. The storage name holds public ids only.
+
+    ``content_type`` defaults to the kind's; declared output files bring one guessed from
+    their name. Either way downloads are attachments with ``nosniff``, never rendered.
+    """
     public_id = new_public_id("art")
     stored_as = storage_save(
         storage_name_for(
@@ -83,7 +93,7 @@ def artifact_create(
         action=action,
         kind=kind,
         name=name[:255],
-        content_type=CONTENT_TYPES[kind],
+        content_type=(content_type or CONTENT_TYPES[kind])[:100],
         size=len(content),
         sha256=sha256_of(content),
         storage_name=stored_as,
@@ -135,7 +145,101 @@ def artifacts_capture(*, action, result):
         stored[stream] = artifact.public_id
     if stored:
         kept["artifacts"] = stored
+    if "outputs" in result:
+        kept["outputs"] = _outputs_capture(action=action, reported=result["outputs"])
     return kept
+
+
+def _outputs_capture(*, action, reported) -> list[dict]:
+    """Keep each declared output file a runner returned as a ``file`` artifact.
+
+    The report is untrusted until checked: only paths the action declared are taken, each
+    once, within the same caps the runner applies; the bytes must match the reported
+    SHA-256, else the output is refused (``sha256_mismatch``) and nothing is stored. What is
+    kept in the result (and so the receipt) is the path, the reported size and SHA-256 and
+    the artifact's id, never the base64 content.
+
+    Text files (valid UTF-8) are redacted before they are stored, exactly like output
+    streams (CRED-1); ``redacted`` says when that changed the bytes, so the artifact's
+    SHA-256 then differs from the file's. Other files are stored as they are; no file's
+    content is ever shown inline.
+    """
+    declared = declared_outputs(action.args or {})
+    if not isinstance(reported, list):
+        return [{"path": path, "error": "not_reported"} for path in declared]
+    by_path: dict[str, dict] = {}
+    for entry in reported:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if path in declared and path not in by_path:
+            by_path[path] = entry
+    kept = []
+    remaining = MAX_OUTPUTS_TOTAL_BYTES
+    for path in declared:
+        entry = by_path.get(path)
+        if entry is None:
+            kept.append({"path": path, "error": "not_reported"})
+            continue
+        content = _output_content(entry, remaining)
+        if isinstance(content, str):
+            kept.append({"path": path, "error": content})
+            continue
+        remaining -= len(content)
+        stored, redacted = _output_stored_bytes(content)
+        artifact = artifact_create(
+            project=action.project,
+            thread=action.thread,
+            action=action,
+            kind=ArtifactKind.FILE,
+            name=path,
+            content=stored,
+            created_by=action.requested_by,
+            content_type=mimetypes.guess_type(path, strict=False)[0] or "application/octet-stream",
+        )
+        item = {
+            "path": path,
+            "size": len(content),
+            "sha256": entry["sha256"],
+            "artifact": artifact.public_id,
+        }
+        if redacted:
+            item["redacted"] = True
+        kept.append(item)
+    return kept
+
+
+def _output_content(entry: dict, remaining: int) -> bytes | str:
+    """One reported output's bytes, or the error to keep in their place."""
+    if "error" in entry:
+        error = entry["error"]
+        return error if error in OUTPUT_RUNNER_ERRORS else "invalid"
+    encoded = entry.get("content_b64")
+    limit = min(MAX_OUTPUT_FILE_BYTES, remaining)
+    if not isinstance(encoded, str):
+        return "invalid"
+    if len(encoded) > limit * 4 // 3 + 4:
+        return "too_large"
+    try:
+        content = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return "invalid"
+    if len(content) > limit:
+        return "too_large"
+    if sha256_of(content) != entry.get("sha256"):
+        return "sha256_mismatch"
+    if entry.get("size") != len(content):
+        return "size_mismatch"
+    return content
+
+
+def _output_stored_bytes(content: bytes) -> tuple[bytes, bool]:
+    """What to store for an output file, and whether redaction changed it."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        # Binary: stored as is (like checkpoint archives), readable only as an attachment.
+        return content, False
+    clean = redact_text(text).encode()
+    return clean, clean != content
 
 
 def _checkpoint_capture(*, action, result: dict) -> dict:

@@ -28,9 +28,9 @@ from kestrel_one.execution.models import (
     Runner,
 )
 from kestrel_one.governance.selectors import effective_policy
-from kestrel_one.governance.tools import tool_call_request
+from kestrel_one.governance.tools import decide_call, tool_call_request
 from kestrel_one.threads.services import event_append
-from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, decide, resolve_mode
+from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, resolve_mode
 from runners.protocol import (
     ProtocolError,
     ResultRefused,
@@ -130,7 +130,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         )
     mode = Mode.AGENT if plan else resolve_mode(Mode(thread.mode), wants_plan=False)
     effective = effective_policy(project=project, principal=actor, mode=mode)
-    decision = decide(effective.policy, policy_request, version=effective.version)
+    # Declared outputs are judged as fs.read of each path too (decide_call).
+    decision = decide_call(effective.policy, policy_request, canonical, version=effective.version)
     scope = {
         "org": project.organization.public_id,
         "env": project.environment.public_id,

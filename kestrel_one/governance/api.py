@@ -11,9 +11,9 @@ from rest_framework.views import APIView
 from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.governance import selectors, services
-from kestrel_one.governance.tools import tool_call_request
+from kestrel_one.governance.tools import decide_call, tool_call_request
 from kestrel_one.tenancy.models import Environment
-from policies import decide, render_decision
+from policies import render_decision
 from runners.registry import TOOLS
 
 READ, ADMIN = "org:read", "org:admin"
@@ -144,11 +144,13 @@ class ExplainViewSet(ProjectScopedViewSet):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         mode = selectors.parse_mode(values.get("mode"))
-        tool, _, policy_request = tool_call_request(values["tool"], values["args"])
+        tool, canonical, policy_request = tool_call_request(values["tool"], values["args"])
         effective = selectors.effective_policy(
             project=self.project, principal=self.principal, mode=mode
         )
-        decision = decide(effective.policy, policy_request, version=effective.version)
+        decision = decide_call(
+            effective.policy, policy_request, canonical, version=effective.version
+        )
         return Response(
             {
                 "tool": tool.name,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from kestrel_one.common.errors import ValidationFailed
+from policies import DENY, NEEDS_APPROVAL, Decision, Policy, Request, decide
 from runners.errors import InvalidArguments, UnknownTool
-from runners.registry import get_tool, validate_args
+from runners.registry import get_tool, output_read_requests, validate_args
 
 
 def tool_call_request(tool_name: str, args):
@@ -24,3 +25,34 @@ def tool_call_request(tool_name: str, args):
     except InvalidArguments as exc:
         raise ValidationFailed(str(exc), details={exc.field: [exc.reason]}) from None
     return tool, canonical, tool.capability_request(canonical)
+
+
+def decide_call(policy: Policy, request: Request, args, *, version: str) -> Decision:
+    """Judge a call: its own request, then ``fs.read`` on each file it declares as output.
+
+    A declared output comes back to the control plane whole and is kept as an artifact, so
+    returning it is reading it. shell.exec and code.exec grants do not judge paths, so the
+    files cannot simply ride in the tool's ``Request``; each is judged as the ``fs.read`` it
+    amounts to. Any unreadable output denies the whole call, with a reason naming the path;
+    an output whose read needs approval makes the call need approval. The limits are the
+    tool's own.
+    """
+    decision = decide(policy, request, version=version)
+    reads = output_read_requests(args)
+    if decision.outcome == DENY or not reads:
+        return decision
+    outcome, reasons, denials = decision.outcome, list(decision.reasons), []
+    for read in reads:
+        path = read.paths[0]
+        verdict = decide(policy, read, version=version)
+        if verdict.outcome == DENY:
+            denials.append(
+                f"declared output '{path}' may not be read: " + "; ".join(verdict.reasons)
+            )
+            continue
+        reasons.append(f"declared output '{path}' may be read: " + "; ".join(verdict.reasons))
+        if verdict.outcome == NEEDS_APPROVAL:
+            outcome = NEEDS_APPROVAL
+    if denials:
+        return Decision(DENY, decision.capability, tuple(denials), version)
+    return Decision(outcome, decision.capability, tuple(reasons), version, decision.limits)

@@ -146,3 +146,62 @@ def test_invalid_environment_names_are_refused_with_a_clear_reason():
         validate_args("shell.exec", {"argv": ["env"], "env": {"1BAD": "x"}})
     assert raised.value.field == "args.env"
     assert "1BAD" in raised.value.reason
+
+
+# --- declared outputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "field"),
+    [
+        (
+            "shell.exec",
+            {"argv": ["make"], "outputs": ["ok.txt", "../etc/passwd"]},
+            "args.outputs[1]",
+        ),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", "/etc/passwd"]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", "out//a"]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", "./a"]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", "out/"]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", "."]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", ""]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", "a\x00b"]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", 7]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["ok.txt", "x" * 256]}, "args.outputs[1]"),
+        ("shell.exec", {"argv": ["make"], "outputs": "out/a"}, "args.outputs"),
+        ("shell.exec", {"argv": ["make"], "outputs": ["a", "a"]}, "args.outputs"),
+        (
+            "shell.exec",
+            {"argv": ["make"], "outputs": [f"f{n}" for n in range(registry.MAX_OUTPUTS + 1)]},
+            "args.outputs",
+        ),
+        ("code.python", {"code": "1", "outputs": ["ok.txt", "../x"]}, "args.outputs[1]"),
+        ("code.python", {"code": "1", "outputs": ["/x"]}, "args.outputs[0]"),
+        ("fs.read", {"path": "a", "outputs": ["a"]}, "args.outputs"),
+    ],
+)
+def test_invalid_outputs_name_the_item(name, args, field):
+    with pytest.raises(InvalidArguments) as raised:
+        validate_args(name, args)
+    assert raised.value.field == field
+
+
+def test_outputs_are_declared_in_order_and_are_not_part_of_the_tool_request():
+    args = validate_args(
+        "shell.exec",
+        {"script": "make report", "outputs": ["out/report.txt", "build/app.tar.gz"]},
+    )
+    assert registry.declared_outputs(args) == ("out/report.txt", "build/app.tar.gz")
+    # A shell.exec grant judges the program, not paths: the files are judged as fs.read.
+    assert get_tool("shell.exec").capability_request(args) == Request(
+        capability="shell.exec", command="sh"
+    )
+    assert registry.output_read_requests(args) == (
+        Request(capability="fs.read", paths=("out/report.txt",)),
+        Request(capability="fs.read", paths=("build/app.tar.gz",)),
+    )
+    python = validate_args(
+        "code.python", {"code": "1", "outputs": [f"f{n}" for n in range(registry.MAX_OUTPUTS)]}
+    )
+    assert len(registry.declared_outputs(python)) == registry.MAX_OUTPUTS
+    assert registry.declared_outputs(validate_args("fs.read", {"path": "a"})) == ()
