@@ -285,6 +285,9 @@ KESTREL_COMMAND_TTL_SECONDS = env_int("KESTREL_COMMAND_TTL_SECONDS", 120)
 KESTREL_MAX_CALL_SECONDS = env_int("KESTREL_MAX_CALL_SECONDS", 600)
 # How long after its deadline the sweep waits before it ends a silent call.
 KESTREL_CALL_GRACE_SECONDS = env_int("KESTREL_CALL_GRACE_SECONDS", 60)
+# Single-host: calls the local runner (and reports the control worker) handle at once. On a
+# 2-core host 4 slots measured slower than 2 (docs/performance.md); raise it on larger hosts.
+KESTREL_LOCAL_CONCURRENCY = env_int("KESTREL_LOCAL_CONCURRENCY", 2)
 # How long an action may wait for a person's decision before it expires.
 KESTREL_APPROVAL_TTL_SECONDS = env_int("KESTREL_APPROVAL_TTL_SECONDS", 24 * 60 * 60)
 # How long a replay of an Idempotency-Key returns the first response (at least a day).

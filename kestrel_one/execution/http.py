@@ -30,6 +30,7 @@ from kestrel_one.execution.models import (
 )
 from kestrel_one.execution.plans import plan_accept, plan_propose
 from kestrel_one.execution.services import action_request
+from kestrel_one.threads.notify import action_watch
 from runners.protocol import digest
 
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
@@ -125,11 +126,22 @@ def wait_seconds(request) -> float:
 
 
 def settle(action: Action, seconds: float) -> Action:
-    """Long-poll: re-read the action until it settles or ``seconds`` pass."""
+    """Long-poll: wait until the action settles or ``seconds`` pass.
+
+    Subscribes to the action's change notices before re-reading it, so a change committed
+    between the read and the wait still wakes this request (kestrel_one.threads.notify).
+    """
+    if seconds <= 0 or action.state in SETTLED:
+        return action
     deadline = time.monotonic() + seconds
-    while action.state not in SETTLED and time.monotonic() < deadline:
-        time.sleep(0.1)
+    with action_watch(action.public_id) as wait:
         action.refresh_from_db()
+        while action.state not in SETTLED:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            wait(remaining)
+            action.refresh_from_db()
     return action
 
 

@@ -89,9 +89,13 @@ def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = Non
 
 def start_local_workers(stdout) -> list[subprocess.Popen]:
     schedule = str(settings.KESTREL_DATA_DIR / "celerybeat-schedule")
-    control = subprocess.Popen(control_worker_argv(beat_schedule=schedule), env=os.environ.copy())
+    slots = str(settings.KESTREL_LOCAL_CONCURRENCY)
+    control = subprocess.Popen(
+        control_worker_argv(concurrency=settings.KESTREL_LOCAL_CONCURRENCY, beat_schedule=schedule),
+        env=os.environ.copy(),
+    )
     runner = subprocess.Popen(
-        [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
+        [sys.executable, "-m", "runners", "worker", "--concurrency", slots],
         env=local_runner_environment(),
     )
     stdout.write(f"Control worker and runner started (pool {settings.KESTREL_DEFAULT_POOL}).")

@@ -6,6 +6,7 @@ from django.db import transaction
 
 from kestrel_one.common.redaction import bounded
 from kestrel_one.threads.models import Thread, ThreadEvent
+from kestrel_one.threads.notify import action_changed
 from kestrel_one.webhooks.services import webhook_emit_thread_event
 
 EVENT_DATA_MAX_BYTES = 4096
@@ -27,6 +28,8 @@ def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> Threa
     )
     # The webhook outbox row is written in this same transaction (kestrel_one.webhooks).
     webhook_emit_thread_event(event=event)
+    if action is not None:
+        action_changed(action.public_id)  # wakes ?wait= long polls after commit
     return event
 
 
