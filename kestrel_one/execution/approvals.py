@@ -72,7 +72,7 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
     An action that waited past the approval window is ended as expired first, in its own
     transaction, so the refusal that follows does not roll the expiry back.
     """
-    from kestrel_one.execution.services import end_action
+    from kestrel_one.execution.services import APPROVAL_EXPIRED, end_action
 
     window = timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
     if (
@@ -83,8 +83,7 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
             action,
             ActionState.AWAITING_APPROVAL,
             ActionState.EXPIRED,
-            "approval_expired",
-            "Nobody decided before the approval window closed.",
+            *APPROVAL_EXPIRED,
         )
         raise Conflict("This action waited too long for approval and expired; request it again.")
     return _decide(actor=actor, action=action, approve=approve, reason=reason)

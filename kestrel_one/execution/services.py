@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from kestrel_one.accounts.principal import runner_principal, system_principal
@@ -410,44 +411,45 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     return state
 
 
+# (code, message) of the errors the control plane itself ends actions with.
+COMMAND_EXPIRED = ("command_expired", "No runner took the command before it expired.")
+RUNNER_LOST = ("runner_lost", "The runner stopped reporting before the call finished.")
+APPROVAL_EXPIRED = ("approval_expired", "Nobody decided before the approval window closed.")
+
+
 def calls_sweep(*, now=None) -> dict:
     """End calls whose runner went silent; send again what never reached the broker."""
     now = now or timezone.now()
-    ended = {"expired": 0, "runner_lost": 0, "redispatched": 0, "approvals_expired": 0}
-    for action in Action.objects.filter(
-        state=ActionState.QUEUED, dispatched_at__isnull=False, deadline_at__lt=now
-    ).select_related("thread", "organization"):
-        if end_action(
-            action,
+    approval_deadline = now - timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
+    endings = (
+        (
+            "expired",
+            Q(dispatched_at__isnull=False, deadline_at__lt=now),
             ActionState.QUEUED,
             ActionState.EXPIRED,
-            "command_expired",
-            "No runner took the command before it expired.",
-        ):
-            ended["expired"] += 1
-    for action in Action.objects.filter(
-        state=ActionState.RUNNING, deadline_at__lt=now
-    ).select_related("thread", "organization"):
-        if end_action(
-            action,
+            COMMAND_EXPIRED,
+        ),
+        (
+            "runner_lost",
+            Q(deadline_at__lt=now),
             ActionState.RUNNING,
             ActionState.FAILED,
-            "runner_lost",
-            "The runner stopped reporting before the call finished.",
-        ):
-            ended["runner_lost"] += 1
-    approval_deadline = now - timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
-    for action in Action.objects.filter(
-        state=ActionState.AWAITING_APPROVAL, created_at__lt=approval_deadline
-    ).select_related("thread", "organization"):
-        if end_action(
-            action,
+            RUNNER_LOST,
+        ),
+        (
+            "approvals_expired",
+            Q(created_at__lt=approval_deadline),
             ActionState.AWAITING_APPROVAL,
             ActionState.EXPIRED,
-            "approval_expired",
-            "Nobody decided before the approval window closed.",
-        ):
-            ended["approvals_expired"] += 1
+            APPROVAL_EXPIRED,
+        ),
+    )
+    ended = {"expired": 0, "runner_lost": 0, "redispatched": 0, "approvals_expired": 0}
+    for counter, condition, from_state, to_state, (code, message) in endings:
+        overdue = Action.objects.filter(condition, state=from_state)
+        for action in overdue.select_related("thread", "organization"):
+            if end_action(action, from_state, to_state, code, message):
+                ended[counter] += 1
     ended["idempotency_keys_deleted"], _ = IdempotencyKey.objects.filter(
         created_at__lt=now - timedelta(seconds=settings.KESTREL_IDEMPOTENCY_TTL_SECONDS)
     ).delete()
