@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from kestrel_one.accounts.principal import runner_principal, system_principal
 from kestrel_one.artifacts.services import artifacts_capture
-from kestrel_one.audit.services import audit_record
+from kestrel_one.audit.services import audit_record, audit_refusal_record
 from kestrel_one.common.errors import Unavailable, ValidationFailed
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.keys import control_private_key
@@ -49,6 +49,7 @@ STATE_FOR_OUTCOME = {
     "needs_approval": ActionState.AWAITING_APPROVAL,
     DENY: ActionState.DENIED,
 }
+RUNNER_SEEN_RESOLUTION = timedelta(minutes=1)
 # Limits the runner's protocol requires on every command; integers where the engine wants them.
 _INTEGER_LIMITS = {"memory_mb", "pids", "output_kb"}
 
@@ -286,6 +287,7 @@ def report_ingest(token: str) -> str:
         report = verify_result(token, runner_public_key=runner.public_key, runner_id=runner_id)
     except ProtocolError as refused:
         raise ReportRefused(refused.code, str(refused)) from None
+    _note_runner_seen(runner)
     with transaction.atomic():
         action = (
             Action.objects.select_for_update(of=("self",))
@@ -295,23 +297,27 @@ def report_ingest(token: str) -> str:
         )
         if action is None or action.command_digest != report.command_digest:
             raise ReportRefused("unknown_command", "the report answers no command we issued")
-        if runner.pool != action.pool or runner.organization_id not in (
-            None,
-            action.organization_id,
-        ):
-            audit_record(
-                organization=action.organization,
-                actor=runner_principal(runner.public_id),
-                action="runner.report_refused",
-                target=action,
-                outcome="refused",
-                data={"reason": "runner not allowed for this call's pool or organization"},
-            )
-            raise ReportRefused("wrong_runner", "this runner may not answer this call")
-        Runner.objects.filter(pk=runner.pk).update(last_seen_at=timezone.now())
-        if report.event == "started":
-            return _record_started(action, runner, report)
-        return _record_finished(action, runner, report, token)
+        if runner.pool == action.pool and runner.organization_id in (None, action.organization_id):
+            if report.event == "started":
+                return _record_started(action, runner, report)
+            return _record_finished(action, runner, report, token)
+    # Outside the report's transaction, so that the refusal's own record is kept.
+    audit_refusal_record(
+        organization=action.organization,
+        actor=runner_principal(runner.public_id),
+        action="runner.report_refused",
+        target=action,
+        data={"reason": "runner not allowed for this call's pool or organization"},
+    )
+    raise ReportRefused("wrong_runner", "this runner may not answer this call")
+
+
+def _note_runner_seen(runner: Runner) -> None:
+    """Advisory, so written at most once a minute, and outside the report's transaction:
+    every report of a runner would otherwise queue on the runner's one row."""
+    now = timezone.now()
+    if runner.last_seen_at is None or now - runner.last_seen_at > RUNNER_SEEN_RESOLUTION:
+        Runner.objects.filter(pk=runner.pk).update(last_seen_at=now)
 
 
 def _running_deadline(action: Action, now):

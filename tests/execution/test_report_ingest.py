@@ -152,6 +152,8 @@ def test_unverifiable_reports_record_nothing(queued, runner, runner_key, case):
     queued.refresh_from_db()
     assert queued.state == ActionState.QUEUED
     assert not Receipt.objects.filter(action=queued).exists()
+    refusals = queued.organization.audit_records.filter(action="runner.report_refused")
+    assert refusals.count() == (1 if case == "wrong_pool" else 0)
 
 
 def test_denied_and_approval_actions_are_never_dispatched(world, thread, monkeypatch):
