@@ -67,15 +67,18 @@ def artifact_projection(artifact: Artifact, *, shared: bool = False) -> dict:
         "created_at": artifact.created_at,
     }
     if not shared:
-        projection.update(
-            {
-                "project": artifact.project.public_id,
-                "thread": artifact.thread.public_id if artifact.thread_id else None,
-                "action": artifact.action.public_id if artifact.action_id else None,
-                "created_by": artifact.created_by,
-            }
-        )
+        projection.update(_provenance(artifact))
     return projection
+
+
+def _provenance(record) -> dict:
+    """Where an artifact or checkpoint came from; never shown through a share link."""
+    return {
+        "project": record.project.public_id,
+        "thread": record.thread.public_id if record.thread_id else None,
+        "action": record.action.public_id if record.action_id else None,
+        "created_by": record.created_by,
+    }
 
 
 def checkpoint_projection(checkpoint: Checkpoint, *, shared: bool = False) -> dict:
@@ -89,14 +92,7 @@ def checkpoint_projection(checkpoint: Checkpoint, *, shared: bool = False) -> di
         "created_at": checkpoint.created_at,
     }
     if not shared:
-        projection.update(
-            {
-                "project": checkpoint.project.public_id,
-                "thread": checkpoint.thread.public_id if checkpoint.thread_id else None,
-                "action": checkpoint.action.public_id if checkpoint.action_id else None,
-                "created_by": checkpoint.created_by,
-            }
-        )
+        projection.update(_provenance(checkpoint))
     return projection
 
 

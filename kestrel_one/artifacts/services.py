@@ -207,13 +207,9 @@ def _outputs_capture(*, action, reported) -> list[dict]:
     return kept
 
 
-def _output_content(entry: dict, remaining: int) -> bytes | str:
-    """One reported output's bytes, or the error to keep in their place."""
-    if "error" in entry:
-        error = entry["error"]
-        return error if error in OUTPUT_RUNNER_ERRORS else "invalid"
-    encoded = entry.get("content_b64")
-    limit = min(MAX_OUTPUT_FILE_BYTES, remaining)
+def _bounded_b64decode(encoded, limit: int) -> bytes | str:
+    """Base64 of at most ``limit`` bytes, decoded strictly; or "invalid" / "too_large".
+    The length is checked before decoding, so an oversized report costs no memory."""
     if not isinstance(encoded, str):
         return "invalid"
     if len(encoded) > limit * 4 // 3 + 4:
@@ -222,8 +218,17 @@ def _output_content(entry: dict, remaining: int) -> bytes | str:
         content = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         return "invalid"
-    if len(content) > limit:
-        return "too_large"
+    return "too_large" if len(content) > limit else content
+
+
+def _output_content(entry: dict, remaining: int) -> bytes | str:
+    """One reported output's bytes, or the error to keep in their place."""
+    if "error" in entry:
+        error = entry["error"]
+        return error if error in OUTPUT_RUNNER_ERRORS else "invalid"
+    content = _bounded_b64decode(entry.get("content_b64"), min(MAX_OUTPUT_FILE_BYTES, remaining))
+    if isinstance(content, str):
+        return content
     if sha256_of(content) != entry.get("sha256"):
         return "sha256_mismatch"
     if entry.get("size") != len(content):
@@ -285,14 +290,12 @@ def _checkpoint_capture(*, action, result: dict) -> dict:
 
 def _decoded_archive(result: dict) -> bytes | str:
     """The archive's bytes, or why they cannot be kept."""
-    encoded = result.get("archive_b64")
-    if not isinstance(encoded, str):
+    if not isinstance(result.get("archive_b64"), str):
         return "the report carries no archive"
-    if len(encoded) > CHECKPOINT_MAX_ARCHIVE_BYTES * 4 // 3 + 4:
+    archive = _bounded_b64decode(result["archive_b64"], CHECKPOINT_MAX_ARCHIVE_BYTES)
+    if archive == "too_large":
         return "the archive is larger than a checkpoint may be"
-    try:
-        archive = base64.b64decode(encoded, validate=True)
-    except (binascii.Error, ValueError):
+    if isinstance(archive, str):
         return "the archive is not valid base64"
     if sha256_of(archive) != result.get("sha256"):
         return "the archive does not match its reported sha256"
