@@ -43,38 +43,50 @@ __all__ = [
     "COMMAND_CLAIMS",
     "COMMAND_ISSUER",
     "COMMAND_TYP",
+    "CONTROL_CLAIMS",
     "CONTROL_KID",
+    "CONTROL_TYP",
+    "CONTROL_TYPES",
     "LEEWAY_SECONDS",
     "LIMIT_KEYS",
     "MAX_COMMAND_LIFETIME_SECONDS",
+    "MAX_CONTROL_LIFETIME_SECONDS",
     "RESULT_AUDIENCE",
     "RESULT_CLAIMS",
     "RESULT_LIFETIME_SECONDS",
     "RESULT_TYP",
     "Command",
     "CommandRefused",
+    "ControlMessage",
+    "ControlRefused",
     "ProtocolError",
     "ResultRefused",
     "RunnerReport",
     "canonical_json",
     "command_audience",
+    "control_exchange",
     "digest",
     "generate_private_key_pem",
     "load_private_key",
     "load_public_key",
     "public_key_pem",
     "sign_command",
+    "sign_control_message",
     "sign_result",
     "token_digest",
     "unverified_call_id",
     "unverified_runner_id",
     "verify_command",
+    "verify_control_message",
     "verify_result",
 ]
 
 ALGORITHM = "EdDSA"
 COMMAND_TYP = "kestrel-command+jwt"
 RESULT_TYP = "kestrel-result+jwt"
+# Control messages (control plane -> every runner of a pool) are a separate token type: a
+# command verifier refuses them by typ and claim set, and the other way round.
+CONTROL_TYP = "kestrel-control+jwt"
 CONTROL_KID = "control"
 COMMAND_ISSUER = "kestrel-control"
 RESULT_AUDIENCE = "kestrel-control"
@@ -85,6 +97,9 @@ LEEWAY_SECONDS = 5
 # uses about 120 s. Single use of the call id is enforced far longer (runners.callstate).
 MAX_COMMAND_LIFETIME_SECONDS = 3600
 RESULT_LIFETIME_SECONDS = 3600
+# A control message is a notice, not work: it is only worth acting on soon after it was sent
+# (the control plane uses 120 s). A late one is refused and the runner's own cleanup applies.
+MAX_CONTROL_LIFETIME_SECONDS = 600
 
 COMMAND_CLAIMS = frozenset(
     {
@@ -126,6 +141,12 @@ RESULT_CLAIMS = frozenset(
     }
 )
 
+CONTROL_CLAIMS = frozenset(
+    {"iss", "aud", "iat", "nbf", "exp", "jti", "type", "org", "env", "prj", "thr"}
+)
+# What a control message may ask. Anything else is refused (fail closed).
+CONTROL_TYPES = frozenset({"thread.end"})
+
 # The limits a command carries; they become runners.sandbox.ExecLimits. The first five are
 # required, tmp_mb is optional. Sizes and counts are integers (the engine wants whole
 # megabytes and processes); timeout_s and cpus may be fractional.
@@ -159,6 +180,13 @@ class CommandRefused(ProtocolError):
     """
 
 
+class ControlRefused(ProtocolError):
+    """A control message the runner must not act on.
+
+    Codes: bad_signature, wrong_audience, expired, not_yet_valid, malformed, unknown_type.
+    """
+
+
 class ResultRefused(ProtocolError):
     """A runner report the control plane must not record.
 
@@ -189,6 +217,15 @@ def token_digest(token: str) -> str:
 def command_audience(pool: str) -> str:
     """The audience a command for runner pool ``pool`` carries (also its queue name)."""
     return f"runner.{pool}"
+
+
+def control_exchange(pool: str) -> str:
+    """The fanout exchange (and routing key) control messages for ``pool`` are published on.
+
+    Every runner worker of the pool binds its own broadcast queue to it, so each one gets a
+    copy, unlike ``runner.<pool>`` where exactly one worker takes each command.
+    """
+    return f"runner.{pool}.control"
 
 
 # --- keys ------------------------------------------------------------------------------
@@ -372,6 +409,101 @@ def _check_limits(limits: Any) -> None:
         _require(number_ok and value > 0, f"limits.{name}", f"{kind} > 0")
         minimum = _LIMIT_MINIMUMS.get(name)
         _require(minimum is None or value >= minimum, f"limits.{name}", f"at least {minimum}")
+
+
+# --- control messages ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    """A verified control message: ``type`` says what to do, the rest whom it concerns.
+
+    ``thread.end``: the thread ``thr`` of project ``prj`` (in ``org``/``env``) has ended; a
+    runner removes what it keeps warm for it. Field names are the claim names.
+    """
+
+    iss: str
+    aud: str
+    iat: int
+    nbf: int
+    exp: int
+    jti: str
+    type: str
+    org: str
+    env: str
+    prj: str
+    thr: str
+
+
+def sign_control_message(
+    claims: Mapping[str, Any],
+    private_key_pem: bytes | str | Ed25519PrivateKey,
+    *,
+    ttl: int = 120,
+    now: int | None = None,
+) -> str:
+    """Sign a control message as the control plane (same key and ``kid`` as commands).
+
+    ``iss``, ``iat``, ``nbf``, ``exp`` (``iat + ttl``) and a random ``jti`` are filled in when
+    absent; everything else is signed as given (``verify_control_message`` judges it).
+    """
+    issued = int(time.time()) if now is None else int(now)
+    payload = dict(claims)
+    payload.setdefault("iss", COMMAND_ISSUER)
+    payload.setdefault("iat", issued)
+    base = payload["iat"] if _is_int(payload["iat"]) else issued
+    payload.setdefault("nbf", base)
+    payload.setdefault("exp", base + int(ttl))
+    payload.setdefault("jti", f"ctl_{uuid.uuid4().hex}")
+    return _sign(payload, private_key_pem, typ=CONTROL_TYP, kid=CONTROL_KID)
+
+
+def verify_control_message(
+    token: Any,
+    *,
+    control_public_key: bytes | str | Ed25519PublicKey,
+    pool: str,
+    now: float | None = None,
+) -> ControlMessage:
+    """The control message in ``token`` if the control plane signed it for ``pool``.
+
+    The same checks as ``verify_command``, in the same order: EdDSA only, the signature,
+    the header (typ ``kestrel-control+jwt``, kid ``control``), the exact claim set and types,
+    the audience, the lifetime and time window; then the ``type`` must be one this runner
+    knows. Anything else raises ``ControlRefused``. A replay within the lifetime repeats an
+    idempotent notice (the thread stays ended), so there is no single-use check.
+    """
+    header, claims = _verified_parts(
+        token, control_public_key, refused=ControlRefused, typ=CONTROL_TYP
+    )
+    if header.get("kid") != CONTROL_KID:
+        raise ControlRefused("malformed", f"header kid must be {CONTROL_KID!r}")
+    _require_claim_set(claims, CONTROL_CLAIMS, ControlRefused)
+
+    def require(ok: bool, name: str, expected: str) -> None:
+        if not ok:
+            raise ControlRefused("malformed", f"claim {name!r} must be {expected}")
+
+    for name in ("iat", "nbf", "exp"):
+        require(_is_int(claims[name]) and claims[name] >= 0, name, "a whole number of seconds")
+    for name in ("iss", "aud", "type"):
+        require(_is_text(claims[name]), name, "a string")
+    for name in ("jti", "org", "env", "prj", "thr"):
+        require(_is_public_id(claims[name]), name, "a public id (letters, digits, '_', '-')")
+    if claims["iss"] != COMMAND_ISSUER:
+        raise ControlRefused("malformed", f"iss must be {COMMAND_ISSUER!r}")
+    if claims["aud"] != command_audience(pool):
+        raise ControlRefused(
+            "wrong_audience", f"message is for {claims['aud']!r}, not {command_audience(pool)!r}"
+        )
+    if claims["exp"] - claims["iat"] > MAX_CONTROL_LIFETIME_SECONDS:
+        raise ControlRefused(
+            "malformed", f"a control message may live at most {MAX_CONTROL_LIFETIME_SECONDS} s"
+        )
+    _check_time_window(claims, now, ControlRefused)
+    if claims["type"] not in CONTROL_TYPES:
+        raise ControlRefused("unknown_type", f"unknown control message type {claims['type']!r}")
+    return ControlMessage(**claims)
 
 
 # --- results ---------------------------------------------------------------------------
