@@ -40,7 +40,7 @@ from kestrel_one.tenancy.api import (
     OrganizationViewSet,
     ProjectViewSet,
 )
-from kestrel_one.threads.api import EventViewSet, ThreadViewSet
+from kestrel_one.threads.api import EventViewSet, ThreadEndViewSet, ThreadViewSet
 from kestrel_one.webhooks.api import WebhookDeliveryViewSet, WebhookEndpointViewSet
 
 LIST = {"get": "list", "post": "create"}
@@ -106,6 +106,7 @@ urlpatterns = [
     ),
     path(f"{ORG}/projects/<str:prj>/threads", ThreadViewSet.as_view(LIST), name="thread-list"),
     path(THR, ThreadViewSet.as_view({"get": "retrieve"}), name="thread-detail"),
+    path(f"{THR}/end", ThreadEndViewSet.as_view({"post": "end"}), name="thread-end"),
     path(f"{THR}/events", EventViewSet.as_view({"get": "list"}), name="thread-events"),
     path(f"{THR}/actions", ActionViewSet.as_view(LIST), name="action-list"),
     path(ACT, ActionViewSet.as_view({"get": "retrieve"}), name="action-detail"),

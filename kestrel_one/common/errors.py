@@ -38,3 +38,9 @@ class Conflict(KestrelError):
 class Unavailable(KestrelError):
     code = "unavailable"
     status = 503
+
+
+class ThreadEnded(Conflict):
+    """The thread has ended: it takes no new action, plan or approval."""
+
+    code = "thread_ended"

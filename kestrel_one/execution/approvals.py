@@ -14,7 +14,7 @@ from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, PermissionDenied
 from kestrel_one.execution.models import Action, ActionState, Approval, Verification
 from kestrel_one.governance.selectors import policy_version_label
-from kestrel_one.threads.services import event_append
+from kestrel_one.threads.services import event_append, thread_require_open
 from policies import Mode
 from runners.protocol import digest
 
@@ -104,6 +104,9 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
             f"This action is {action.state}; only an action awaiting approval can be decided."
         )
     if approve:
+        # An approval would dispatch a new call into a thread that has ended; a denial
+        # only settles the action, so it stays possible.
+        thread_require_open(thread=action.thread)
         _digest_intact(action)
         _policy_unchanged(action)
     decision = "approved" if approve else "denied"

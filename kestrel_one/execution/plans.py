@@ -11,17 +11,20 @@ from django.db import transaction
 from django.utils import timezone
 
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import Conflict, ValidationFailed
+from kestrel_one.common.errors import Conflict, ThreadEnded, ValidationFailed
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.approvals import require_person
 from kestrel_one.execution.models import Plan
 from kestrel_one.governance.tools import tool_call_request
-from kestrel_one.threads.services import event_append
+from kestrel_one.threads.models import Thread
+from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from runners.protocol import digest
 
 
 @transaction.atomic
 def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
+    if thread.status != Thread.Status.OPEN:
+        raise ThreadEnded(THREAD_ENDED_MESSAGE)
     if thread.mode not in {"plan", "auto"}:
         raise Conflict(
             f"Plans are proposed in plan (or auto) threads; this thread is in {thread.mode} mode."
@@ -36,6 +39,7 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
         canonical_steps.append(
             {"tool": tool.name, "args": canonical, "args_digest": digest(canonical)}
         )
+    thread_require_open(thread=thread)  # an ended thread takes no new plan
     plan = Plan.objects.create(
         organization=thread.organization,
         thread=thread,
@@ -69,6 +73,8 @@ def plan_accept(*, actor, plan: Plan) -> Plan:
     require_person(actor, requested_by_token=plan.proposed_by_token, act="accept a plan")
     if plan.state != "proposed":
         raise Conflict(f"This plan is {plan.state}; only a proposed plan can be accepted.")
+    # Accepting would make steps executable in a thread that takes no new actions.
+    thread_require_open(thread=plan.thread)
     Plan.objects.filter(pk=plan.pk, state="proposed").update(
         state="accepted", accepted_by=actor.user, accepted_at=timezone.now()
     )

@@ -17,7 +17,7 @@ from django.utils import timezone
 from kestrel_one.accounts.principal import runner_principal, system_principal
 from kestrel_one.artifacts.services import artifacts_capture
 from kestrel_one.audit.services import audit_record, audit_refusal_record
-from kestrel_one.common.errors import Unavailable, ValidationFailed
+from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
@@ -30,7 +30,8 @@ from kestrel_one.execution.models import (
 )
 from kestrel_one.governance.selectors import effective_policy
 from kestrel_one.governance.tools import decide_call, tool_call_request
-from kestrel_one.threads.services import event_append
+from kestrel_one.threads.models import Thread
+from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, resolve_mode
 from runners.protocol import (
     ProtocolError,
@@ -111,8 +112,10 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
 
     The thread's mode applies (Auto resolves to Ask). An action naming a step of a plan a
     person accepted runs in Agent mode: the acceptance is that person's explicit act, and it
-    covers exactly that step's tool and arguments.
+    covers exactly that step's tool and arguments. An ended thread takes no new action.
     """
+    if thread.status != Thread.Status.OPEN:
+        raise ThreadEnded(THREAD_ENDED_MESSAGE)
     if not settings.CELERY_BROKER_URL:
         raise Unavailable(
             "Execution is off: no broker is configured. Set REDIS_URL (for example "
@@ -141,6 +144,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         "thr": thread.public_id,
     }
     flags = injection_flags(canonical)
+    # Checked again under the thread's lock: the thread may have ended since it was read.
+    thread_require_open(thread=thread)
     action = Action.objects.create(
         organization=project.organization,
         environment=project.environment,

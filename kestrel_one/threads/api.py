@@ -11,7 +11,7 @@ from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.threads.models import Thread, ThreadEvent
-from kestrel_one.threads.services import thread_create
+from kestrel_one.threads.services import thread_create, thread_end
 
 MODES = ["ask", "plan", "agent", "auto"]
 EVENTS_PAGE_MAX = 500
@@ -24,7 +24,18 @@ class ThreadSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Thread
-        fields = ["id", "project", "title", "mode", "last_event", "created_by", "created_at"]
+        fields = [
+            "id",
+            "project",
+            "title",
+            "mode",
+            "status",
+            "ended_at",
+            "last_event",
+            "created_by",
+            "created_at",
+        ]
+        read_only_fields = ["status", "ended_at"]
 
 
 class ThreadCreateSerializer(StrictSerializer):
@@ -53,6 +64,26 @@ class ThreadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ProjectSco
         data.is_valid(raise_exception=True)
         thread = thread_create(actor=self.principal, project=self.project, **data.validated_data)
         return Response(ThreadSerializer(thread).data, status=status.HTTP_201_CREATED)
+
+
+class ThreadEndViewSet(ProjectScopedViewSet):
+    """End a thread: no new actions or plans; runners drop its warm sandboxes.
+
+    Needs the scope that creating threads and actions needs. Ending an ended thread answers
+    200 with the thread as it is and does nothing else.
+    """
+
+    scope_map = {"POST": "projects:write"}
+    queryset = Thread.objects.none()
+    lookup_url_kwarg = "thr"
+
+    def restrict(self, queryset):
+        return queryset.filter(project=self.project).select_related("project")
+
+    @extend_schema(request=None, responses={200: ThreadSerializer})
+    def end(self, request, *args, **kwargs):
+        thread = thread_end(actor=self.principal, thread=self.get_object())
+        return Response(ThreadSerializer(thread).data)
 
 
 class EventSerializer(serializers.ModelSerializer):

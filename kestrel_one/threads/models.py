@@ -12,6 +12,11 @@ class Thread(models.Model):
 
     MODES = [(m, m) for m in ("ask", "plan", "agent", "auto")]
 
+    class Status(models.TextChoices):
+        OPEN = "open"
+        # Takes no new action or plan; what was already queued or running still finishes.
+        ENDED = "ended"
+
     public_id = PublicIdField("thr")
     organization = models.ForeignKey(
         "tenancy.Organization", on_delete=models.CASCADE, related_name="threads"
@@ -19,6 +24,8 @@ class Thread(models.Model):
     project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="threads")
     title = models.CharField(max_length=200)
     mode = models.CharField(max_length=8, choices=MODES, default="agent")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN)
+    ended_at = models.DateTimeField(null=True, blank=True)
     # The last event sequence handed out; locking the thread row serializes appends, which
     # keeps the sequence gap-free under concurrent requests.
     last_event_sequence = models.BigIntegerField(default=0)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 
+from kestrel_one.common.errors import ThreadEnded
 from kestrel_one.common.redaction import bounded
 from kestrel_one.threads.models import Thread, ThreadEvent
 from kestrel_one.threads.notify import action_changed
@@ -53,3 +55,66 @@ def thread_create(*, actor, project, title: str, mode: str) -> Thread:
         data={"project": project.public_id, "mode": mode},
     )
     return thread
+
+
+THREAD_ENDED_MESSAGE = (
+    "This thread has ended; it takes no new actions or plans. Start a new thread to continue."
+)
+
+
+def thread_require_open(*, thread: Thread) -> None:
+    """Refuse work on an ended thread, holding the thread's row lock until commit.
+
+    Call it inside the write's transaction, before the first write: ``thread_end`` takes the
+    same lock, so a request and an end are ordered, and a request that passed this check is
+    committed before the thread can end (and is then left to finish).
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("thread_require_open must run inside the write's transaction")
+    status = Thread.objects.select_for_update().values_list("status", flat=True).get(pk=thread.pk)
+    if status != Thread.Status.OPEN:
+        raise ThreadEnded(THREAD_ENDED_MESSAGE)
+
+
+@transaction.atomic
+def thread_end(*, actor, thread: Thread) -> Thread:
+    """End a thread: it takes no new action or plan, and runners drop what they keep for it.
+
+    Idempotent: ending an ended thread changes and records nothing. Actions already queued
+    or running finish and are recorded as usual. After commit, every runner pool the
+    thread's actions were sent to gets a signed ``thread.end`` notice
+    (``kestrel_one.execution.control``); losing it costs only time, the runners' idle
+    timeout removes the containers anyway.
+    """
+    from kestrel_one.audit.services import audit_record
+    from kestrel_one.execution.control import thread_end_announce
+
+    locked = (
+        Thread.objects.select_for_update(of=("self",))
+        .select_related("project__environment", "organization")
+        .get(pk=thread.pk)
+    )
+    if locked.status == Thread.Status.ENDED:
+        return locked
+    locked.status = Thread.Status.ENDED
+    locked.ended_at = timezone.now()
+    locked.save(update_fields=["status", "ended_at", "updated_at"])
+    event_append(thread=locked, kind="thread.ended", data={"ended_at": locked.ended_at.isoformat()})
+    audit_record(
+        organization=locked.organization,
+        actor=actor,
+        action="thread.end",
+        target=locked,
+        data={"project": locked.project.public_id},
+    )
+    pools = sorted(set(locked.actions.values_list("pool", flat=True)))
+    scope = {
+        "org": locked.organization.public_id,
+        "env": locked.project.environment.public_id,
+        "prj": locked.project.public_id,
+        "thr": locked.public_id,
+    }
+    if pools:
+        transaction.on_commit(lambda: thread_end_announce(scope=scope, pools=pools), robust=True)
+    locked.refresh_from_db()
+    return locked
