@@ -13,6 +13,12 @@ a copy. What makes that safe is two keys per call id (the command's ``jti``):
 
 Both are kept for ``RETENTION_SECONDS`` (7 days), far longer than a command may live, so a
 replay always finds them. Leases compare wall clocks across hosts; keep runners on NTP.
+
+One more key is not about a call: ``kestrel:thread-ended:<prj>:<thr>``, set when a verified
+``thread.end`` control message arrives, so that every worker process of every host of the
+pool (not only the one that received the message) stops keeping that thread's sandbox warm.
+It is a cache hint, kept ``THREAD_ENDED_SECONDS``; authority stays with the control plane,
+which refuses new calls on an ended thread.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ __all__ = [
     "HEARTBEAT_SECONDS",
     "LEASE_SECONDS",
     "RETENTION_SECONDS",
+    "THREAD_ENDED_SECONDS",
     "CallState",
     "Lease",
     "LeaseKeeper",
@@ -42,9 +49,13 @@ __all__ = [
 HEARTBEAT_SECONDS = 2.0
 LEASE_SECONDS = 15.0
 RETENTION_SECONDS = 7 * 24 * 3600
+# Longer than any call of the thread that was already queued could still arrive (command
+# lifetime plus a crash redelivery) and than any warm container could idle.
+THREAD_ENDED_SECONDS = 24 * 3600
 
 _CALL_KEY = "kestrel:call:{}"
 _RESULT_KEY = "kestrel:result:{}"
+_THREAD_ENDED_KEY = "kestrel:thread-ended:{}:{}"
 
 # Replace the value only if it is still exactly what the caller last saw: a heartbeat or a
 # take-over can never overwrite a lease that someone else has since claimed.
@@ -153,6 +164,14 @@ class CallState:
         if self.client.set(key, token, nx=True, ex=self.retention_seconds):
             return token
         return self.stored_result(call_id) or token
+
+    def mark_thread_ended(self, project: str, thread: str) -> None:
+        """Record that ``thread`` ended (from a verified control message)."""
+        self.client.set(_THREAD_ENDED_KEY.format(project, thread), "1", ex=THREAD_ENDED_SECONDS)
+
+    def thread_ended(self, project: str, thread: str) -> bool:
+        """Whether a ``thread.end`` for this thread reached any runner of the pool."""
+        return bool(self.client.exists(_THREAD_ENDED_KEY.format(project, thread)))
 
     def _swap(self, expected: Lease, new: Lease) -> bool:
         key = _CALL_KEY.format(expected.call_id)

@@ -15,6 +15,13 @@ Start it with ``python -m runners worker`` (which runs ``celery -A runners.worke
    inside a sandbox backend, never without), stores the signed "finished" report and
    sends it to the control plane's ``control.ingest_result`` task on queue ``control``.
 
+Besides commands, every worker also consumes a broadcast queue bound to the fanout exchange
+``runner.<pool>.control``: signed *control messages* (``runner.control``), today only
+``thread.end``, which removes what the runner keeps warm for that thread. Each worker gets
+its own copy; a message that does not verify is logged and dropped, and nothing else
+happens (fail closed). Loss is acceptable there: the idle timeout and the cleanup at runner
+start remove the containers anyway.
+
 Celery is set for no loss: ``acks_late`` and ``reject_on_worker_lost`` keep a message
 until its call ended, prefetch 1 keeps a dying worker from holding others' work, and the
 broker's visibility timeout outlasts the longest call so a running call is not handed out
@@ -42,11 +49,12 @@ import redis
 import requests.exceptions
 from celery import Celery
 from celery.exceptions import Reject
-from celery.signals import worker_init, worker_process_shutdown
+from celery.signals import celeryd_after_setup, worker_init, worker_process_shutdown
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+from kombu.common import Broadcast
 
 from runners import tools
 from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
@@ -55,10 +63,14 @@ from runners.errors import RunnerError
 from runners.protocol import (
     Command,
     CommandRefused,
+    ControlMessage,
+    ControlRefused,
+    control_exchange,
     sign_result,
     token_digest,
     unverified_call_id,
     verify_command,
+    verify_control_message,
 )
 from runners.registry import get_tool
 from runners.sandbox import (
@@ -69,10 +81,15 @@ from runners.sandbox import (
     select_backend,
 )
 from runners.sandbox.docker import LABEL_PREFIX
-from runners.sandbox.warm import containers_running_call, remove_idle_warm_containers
+from runners.sandbox.warm import (
+    containers_running_call,
+    remove_idle_thread_containers,
+    remove_idle_warm_containers,
+)
 from runners.workspace import workspace_for
 
 __all__ = [
+    "CONTROL_TASK",
     "EXECUTE_TASK",
     "PROCESS_TOOLS",
     "REPORT_QUEUE",
@@ -83,10 +100,12 @@ __all__ = [
     "app",
     "celery_settings",
     "execute_command",
+    "handle_control_message",
     "reap_orphan_containers",
 ]
 
 EXECUTE_TASK = "runner.execute"
+CONTROL_TASK = "runner.control"
 REPORT_TASK = "control.ingest_result"
 REPORT_QUEUE = "control"
 
@@ -119,6 +138,7 @@ class Disposition(enum.StrEnum):
     REPLAYED = "replayed"  # another worker holds a live lease; this copy was dropped
     RERAN = "reran"  # a dead worker's idempotent call was run again
     LOST = "lost"  # a dead worker's non-idempotent call was ended runner_lost
+    APPLIED = "applied"  # a control message verified and was acted on
 
 
 @dataclass
@@ -132,6 +152,8 @@ class Runner:
     report: Callable[[str], None]
     choose_backend: Callable[[str], SandboxBackend] = select_backend
     reap_orphans: Callable[[str], int] = field(default=lambda call_id: 0)
+    # (project, thread) -> how many warm containers of the thread were removed.
+    end_thread: Callable[[str, str], int] = field(default=lambda project, thread: 0)
 
     # --- entry point ---------------------------------------------------------------
 
@@ -150,6 +172,48 @@ class Runner:
             )
             return Disposition.REFUSED
         return self._dispatch(command)
+
+    def handle_control(self, token: Any) -> Disposition:
+        """Deal with one control message; see the module docstring.
+
+        Verified exactly like a command (signature, header, claims, audience, time window)
+        and refused, logged and dropped otherwise, before anything is touched.
+        """
+        try:
+            message = verify_control_message(
+                token, control_public_key=self.control_public_key, pool=self.config.pool
+            )
+        except ControlRefused as refused:
+            self._log(
+                "control_refused",
+                level=logging.WARNING,
+                code=refused.code,
+                message=refused.message,
+            )
+            return Disposition.REFUSED
+        # verify_control_message knows no other type; this guard keeps a new one from being
+        # half handled if it is added there first.
+        if message.type != "thread.end":
+            self._log("control_refused", level=logging.WARNING, code="unknown_type")
+            return Disposition.REFUSED
+        self._end_thread(message)
+        return Disposition.APPLIED
+
+    def _end_thread(self, message: ControlMessage) -> None:
+        try:
+            # First, so every other worker process stops keeping the thread warm (a busy
+            # container is removed when its call checks in) before idle ones are removed.
+            self.state.mark_thread_ended(message.prj, message.thr)
+        except redis.RedisError as error:
+            self._log("infrastructure_error", level=logging.ERROR, error=type(error).__name__)
+        removed = self.end_thread(message.prj, message.thr)
+        self._log(
+            "thread_ended",
+            project=message.prj,
+            thread=message.thr,
+            control_message=message.jti,
+            removed_containers=removed,
+        )
 
     def _verify(self, token: Any) -> Command:
         try:
@@ -423,16 +487,29 @@ class WarmBackendChooser:
     all) is not cached, so a Docker engine that comes back is picked up by the next call.
     """
 
-    def __init__(self, *, idle_seconds: float, max_containers: int, enabled: bool) -> None:
+    def __init__(
+        self,
+        *,
+        idle_seconds: float,
+        max_containers: int,
+        enabled: bool,
+        thread_ended: Callable[[str, str], bool] | None = None,
+    ) -> None:
         self.idle_seconds = idle_seconds
         self.max_containers = max_containers
         self.enabled = enabled
+        self.thread_ended = thread_ended
         self.backend: WarmDockerBackend | None = None
         self._lock = threading.Lock()
         self._sweeper: threading.Thread | None = None
 
     @classmethod
-    def from_environment(cls, environ: dict[str, str] | None = None) -> WarmBackendChooser:
+    def from_environment(
+        cls,
+        environ: dict[str, str] | None = None,
+        *,
+        thread_ended: Callable[[str, str], bool] | None = None,
+    ) -> WarmBackendChooser:
         environ = dict(os.environ if environ is None else environ)
         try:
             idle = float(environ.get(WARM_IDLE_VARIABLE, "300"))
@@ -440,7 +517,9 @@ class WarmBackendChooser:
         except ValueError as error:
             raise ValueError(f"{WARM_IDLE_VARIABLE}/{WARM_MAX_VARIABLE}: {error}") from None
         enabled = environ.get(WARM_ENABLED_VARIABLE, "1") not in ("0", "false", "no", "off")
-        return cls(idle_seconds=idle, max_containers=cap, enabled=enabled)
+        return cls(
+            idle_seconds=idle, max_containers=cap, enabled=enabled, thread_ended=thread_ended
+        )
 
     def __call__(self, preference: str) -> SandboxBackend:
         with self._lock:
@@ -453,6 +532,7 @@ class WarmBackendChooser:
                 backend,
                 idle_seconds=self.idle_seconds,
                 max_containers=self.max_containers if self.enabled else 0,
+                thread_ended=self.thread_ended,
             )
             self._sweeper = threading.Thread(
                 target=self._sweep, name="warm-sandbox-sweeper", daemon=True
@@ -473,6 +553,35 @@ class WarmBackendChooser:
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()
+
+    def end_thread(self, project: str, thread: str, *, runner_id: str) -> int:
+        """The thread ended: remove its idle warm containers of every worker process of
+        this runner on the engine, and drop it from this process's pool; how many went.
+
+        A container busy with a call is left to finish it; the process running it removes
+        it at check-in (``WarmDockerBackend.thread_ended``).
+        """
+        backend = self.backend
+        try:
+            client = backend.client if backend is not None else docker.from_env()
+        except docker.errors.DockerException as error:
+            log.warning("cannot reach the engine to end thread %s: %s", thread, error)
+            return 0
+        try:
+            removed = remove_idle_thread_containers(
+                client, project=project, thread=thread, runner_id=runner_id
+            )
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+            log.warning("could not remove the warm containers of thread %s: %s", thread, error)
+            removed = 0
+        finally:
+            if backend is None:
+                client.close()
+        if backend is not None:
+            # After the engine pass, so its count includes this process's idle container;
+            # removing it again here is a no-op, a busy one goes at check-in.
+            backend.end_thread(project, thread)
+        return removed
 
 
 def remove_stale_warm_containers(runner_id: str) -> int:
@@ -537,17 +646,25 @@ def current_runner() -> Runner:
                 config.state_url, socket_timeout=10, socket_connect_timeout=5
             )
             worker = f"{config.runner_id}/{socket.gethostname()}/{os.getpid()}"
+            state = CallState(client, worker=worker)
+            chooser = WarmBackendChooser.from_environment(thread_ended=state.thread_ended)
+            docker_capable = config.sandbox in ("auto", "docker")
             runner = Runner(
                 config=config,
                 private_key=config.private_key(),
                 control_public_key=config.control_public_key(),
-                state=CallState(client, worker=worker),
+                state=state,
                 report=send_report,
-                choose_backend=WarmBackendChooser.from_environment(),
-                reap_orphans=(
-                    reap_orphan_containers
-                    if config.sandbox in ("auto", "docker")
-                    else (lambda call_id: 0)
+                choose_backend=chooser,
+                reap_orphans=reap_orphan_containers if docker_capable else (lambda call_id: 0),
+                end_thread=(
+                    (
+                        lambda project, thread: chooser.end_thread(
+                            project, thread, runner_id=config.runner_id
+                        )
+                    )
+                    if docker_capable
+                    else (lambda project, thread: 0)
                 ),
             )
             _process_runner = (os.getpid(), runner)
@@ -563,6 +680,24 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     if config.sandbox in ("auto", "docker"):
         removed = remove_stale_warm_containers(config.runner_id)
         log.info(json.dumps({"event": "warm_containers_removed", "count": removed}))
+
+
+@celeryd_after_setup.connect
+def _consume_control_messages(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Also consume this pool's control messages, whatever ``-Q`` selected.
+
+    A broadcast queue: each worker gets its own uniquely named queue bound to the fanout
+    exchange ``runner.<pool>.control``, so every worker of the pool gets every message. On
+    Redis that is PUBLISH/SUBSCRIBE: nothing is stored, a worker that is down or not yet
+    subscribed misses the message (acceptable, see the module docstring). The routing key is
+    set explicitly because the Redis transport subscribes to ``<exchange>/<routing key>``.
+    """
+    if getattr(instance, "app", None) is not app:
+        return  # another Celery app's worker in this process (the signal is global)
+    exchange = control_exchange(RunnerConfig.from_environment().pool)
+    instance.app.amqp.queues.select_add(
+        Broadcast(exchange, queue=exchange, unique=True, routing_key=exchange)
+    )
 
 
 @worker_process_shutdown.connect
@@ -597,3 +732,13 @@ def execute_command(command_token: str) -> str:
         )
         time.sleep(INFRASTRUCTURE_RETRY_PAUSE_SECONDS)
         raise Reject(str(error), requeue=True) from None
+
+
+@app.task(name=CONTROL_TASK, acks_late=False, ignore_result=True)
+def handle_control_message(control_token: str) -> str:
+    """Act on one signed control message; a refused one ends here, nothing is retried.
+
+    Acknowledged on receipt: a broadcast copy is this worker's alone, so handing it back
+    could only deliver it again here.
+    """
+    return current_runner().handle_control(control_token).value

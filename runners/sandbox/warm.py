@@ -31,8 +31,13 @@ later calls run in it with ``docker exec``. What makes that as safe as a fresh c
   warm containers exist on the engine for this runner (counted on the engine, so every worker
   process of the host shares the cap); past it the least recently used idle one of this
   process goes, or, if none can, the call runs in a fresh container. At runner start
-  ``remove_idle_warm_containers`` clears what a previous runner process left; ``end_thread``
-  removes what a finished thread holds.
+  ``remove_idle_warm_containers`` clears what a previous runner process left.
+- **Ended threads.** ``end_thread`` drops a thread's container from this process (removed now
+  if idle, at check-in if busy). Each worker process keeps its own pool, so a runner told that
+  a thread ended also removes the thread's idle containers of every process on the engine
+  (``remove_idle_thread_containers``), and the optional ``thread_ended`` predicate (shared
+  state) tells every process: a call of an ended thread never goes warm, and a busy container
+  of an ended thread is removed when its call checks in.
 
 The container's PID 1 is the reaper loop rather than docker-init (``init=False``): docker-init
 exits when its one child dies, and the end-of-call ``kill -9 -1`` must not end the container.
@@ -77,6 +82,7 @@ __all__ = [
     "WARM_LABEL",
     "WarmDockerBackend",
     "WarmSandbox",
+    "remove_idle_thread_containers",
     "remove_idle_warm_containers",
 ]
 
@@ -148,6 +154,9 @@ class WarmDockerBackend(SandboxBackend):
     idle_seconds: float = DEFAULT_IDLE_SECONDS
     max_containers: int = DEFAULT_MAX_CONTAINERS
     clock: Callable[[], float] = time.monotonic
+    # (project, thread) -> whether that thread ended; None: threads never end here. Asked
+    # when a call of a thread starts and when it checks its container back in.
+    thread_ended: Callable[[str, str], bool] | None = None
     name: str = "docker"
     _sandboxes: dict[tuple[str, str], WarmSandbox] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -170,6 +179,11 @@ class WarmDockerBackend(SandboxBackend):
         if key is None or self.max_containers == 0:
             return super().run_probed(spec)
         self.remove_idle()
+        if self._ended(key):
+            # A call of the thread that was queued before it ended: it runs (the control plane
+            # decided it), but in a fresh container, and nothing of the thread stays warm.
+            self.end_thread(*key)
+            return super().run_probed(spec)
         sandbox = self._checkout(key, spec)
         if sandbox is None:
             return super().run_probed(spec)
@@ -180,7 +194,21 @@ class WarmDockerBackend(SandboxBackend):
             keep = not (result.timed_out or result.oom_killed)
             return result
         finally:
+            # The thread may have ended while this call ran (another process got the notice).
+            if keep and self._ended(key):
+                keep = False
             self._checkin(key, sandbox, keep=keep)
+
+    def _ended(self, key: tuple[str, str]) -> bool:
+        """Whether the thread ended; when that cannot be told, treated as ended (the call
+        then runs in a fresh container, which costs time and nothing else)."""
+        if self.thread_ended is None:
+            return False
+        try:
+            return bool(self.thread_ended(*key))
+        except Exception as error:
+            log.warning("cannot tell whether thread %s ended: %s", key[1], type(error).__name__)
+            return True
 
     # --- pool -------------------------------------------------------------------------
 
@@ -480,6 +508,31 @@ def remove_idle_warm_containers(client: Any, *, runner_id: str | None = None) ->
     filters = [f"{WARM_LABEL}=true"]
     if runner_id is not None:
         filters.append(f"{LABEL_PREFIX}runner={runner_id}")
+    return _remove_idle(client, filters)
+
+
+def remove_idle_thread_containers(
+    client: Any, *, project: str, thread: str, runner_id: str | None = None
+) -> int:
+    """Remove the idle warm containers of one thread, whichever worker process keeps them.
+
+    Found by label (project, thread and, when given, runner), so only that thread's
+    containers of that runner are touched. A container with a running exec is serving a
+    call and is left alone: the process running it removes it when the call checks in (it
+    learns that the thread ended through ``WarmDockerBackend.thread_ended``).
+    """
+    filters = [
+        f"{WARM_LABEL}=true",
+        f"{LABEL_PREFIX}project={project}",
+        f"{LABEL_PREFIX}thread={thread}",
+    ]
+    if runner_id is not None:
+        filters.append(f"{LABEL_PREFIX}runner={runner_id}")
+    return _remove_idle(client, filters)
+
+
+def _remove_idle(client: Any, filters: list[str]) -> int:
+    """Remove the containers with all these labels that run no exec; how many."""
     removed = 0
     for container in client.containers.list(
         all=True, filters={"label": filters}, ignore_removed=True

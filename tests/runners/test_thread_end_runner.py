@@ -1,0 +1,435 @@
+"""A runner told that a thread ended, against the real engine and Redis.
+
+Two ``WarmBackendChooser`` objects stand for two worker processes of one runner host: each
+keeps its own warm pool, and only one of them receives the control message. The last test
+starts real ``python -m runners worker`` processes (two runner hosts of one pool) and
+publishes the message on the pool's fanout exchange, as the control plane does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+import redis
+from celery import Celery
+from kombu import Exchange
+
+from runners.callstate import CallState
+from runners.config import RunnerConfig
+from runners.protocol import (
+    control_exchange,
+    generate_private_key_pem,
+    public_key_pem,
+    sign_command,
+    sign_control_message,
+)
+from runners.sandbox import ExecLimits
+from runners.sandbox.docker import LABEL_PREFIX
+from runners.sandbox.warm import WARM_LABEL, _running_execs
+from runners.tools import execute
+from runners.worker import Disposition, Runner, WarmBackendChooser
+from runners.workspace import workspace_for
+from tests.support import stop
+
+pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2")]
+
+# Not the DB the other runner tests use (14): these tests flush theirs.
+STATE_URL = "redis://127.0.0.1:6379/13"
+POOL = "endpool"
+LIMITS = ExecLimits(timeout_s=30, memory_mb=96, cpus=0.5, pids=40, output_kb=64, tmp_mb=8)
+CONTROL_KEY = generate_private_key_pem()
+CONTROL_PUBLIC = public_key_pem(CONTROL_KEY)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def state_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(STATE_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def project() -> str:
+    return f"prj_end{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def runner_id() -> str:
+    return f"run_end{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def engine(docker_backend, project):
+    """The engine's client; afterwards nothing of this test's project may remain."""
+    yield docker_backend.client
+    leftovers = docker_backend.client.containers.list(
+        all=True, filters={"label": f"{LABEL_PREFIX}project={project}"}
+    )
+    for container in leftovers:
+        container.remove(force=True)
+
+
+@pytest.fixture
+def workspace(workspace_root, project):
+    return workspace_for(workspace_root, project)
+
+
+@pytest.fixture
+def config(tmp_path, workspace_root, runner_id) -> RunnerConfig:
+    key_file = tmp_path / "runner.pem"
+    key_file.write_bytes(generate_private_key_pem())
+    key_file.chmod(0o600)
+    control_file = tmp_path / "control.pub"
+    control_file.write_bytes(CONTROL_PUBLIC)
+    return RunnerConfig(
+        runner_id=runner_id,
+        pool=POOL,
+        key_file=key_file,
+        control_public_key_file=control_file,
+        broker_url=STATE_URL,
+        state_url=STATE_URL,
+        workspace_root=workspace_root,
+        sandbox="docker",
+        max_call_seconds=20,
+    )
+
+
+def process(state_client: redis.Redis, name: str) -> WarmBackendChooser:
+    """One worker process's warm pool, told about ended threads through shared state."""
+    state = CallState(state_client, worker=name)
+    return WarmBackendChooser(
+        idle_seconds=300, max_containers=8, enabled=True, thread_ended=state.thread_ended
+    )
+
+
+@pytest.fixture
+def processes(state_client, engine) -> Iterator[tuple[WarmBackendChooser, WarmBackendChooser]]:
+    first, second = process(state_client, "first"), process(state_client, "second")
+    yield first, second
+    first.close()
+    second.close()
+
+
+@pytest.fixture
+def runner(config, state_client, processes) -> Runner:
+    """The runner in the first process; the message reaches only this one."""
+    first, _ = processes
+    return Runner(
+        config=config,
+        private_key=config.private_key(),
+        control_public_key=config.control_public_key(),
+        state=CallState(state_client, worker="first"),
+        report=lambda token: None,
+        choose_backend=first,
+        end_thread=lambda prj, thr: first.end_thread(prj, thr, runner_id=config.runner_id),
+    )
+
+
+def shell(chooser, workspace, project, thread, runner_id, script) -> dict:
+    return execute(
+        "shell.exec",
+        {"script": script},
+        workspace=workspace,
+        backend=chooser("docker"),
+        limits=LIMITS,
+        labels={
+            "call": f"act_{uuid.uuid4().hex}",
+            "project": project,
+            "thread": thread,
+            "runner": runner_id,
+        },
+    )
+
+
+def warm_of(engine, project, thread) -> set[str]:
+    found = engine.containers.list(
+        all=True,
+        filters={
+            "label": [
+                f"{WARM_LABEL}=true",
+                f"{LABEL_PREFIX}project={project}",
+                f"{LABEL_PREFIX}thread={thread}",
+            ]
+        },
+    )
+    return {container.id for container in found}
+
+
+def thread_end(project: str, thread: str, *, key: bytes = CONTROL_KEY, **overrides) -> str:
+    now = overrides.pop("now", None)
+    claims = {
+        "aud": f"runner.{POOL}",
+        "type": "thread.end",
+        "org": "org_01JORG",
+        "env": "env_01JENV",
+        "prj": project,
+        "thr": thread,
+        **overrides,
+    }
+    return sign_control_message(claims, key, now=now)
+
+
+def test_refused_control_messages_remove_nothing(
+    runner, processes, engine, workspace, project, runner_id, state_client, caplog
+):
+    first, second = processes
+    shell(first, workspace, project, "thr_a", runner_id, "true")
+    shell(second, workspace, project, "thr_a", runner_id, "true")
+    before = warm_of(engine, project, "thr_a")
+    assert len(before) == 2
+
+    header, payload, signature = thread_end(project, "thr_a").split(".")
+    command = sign_command(
+        {
+            "iss": "kestrel-control",
+            "aud": f"runner.{POOL}",
+            "jti": "act_01JCALL",
+            "org": "org_01JORG",
+            "env": "env_01JENV",
+            "prj": project,
+            "thr": "thr_a",
+            "tool": "fs.read",
+            "args": {"path": "a.txt"},
+            "policy_version": "pol_1",
+            "limits": {"timeout_s": 5, "memory_mb": 64, "cpus": 1, "pids": 16, "output_kb": 8},
+            "attempt": 1,
+        },
+        CONTROL_KEY,
+    )
+    refused = {
+        "forged": thread_end(project, "thr_a", key=generate_private_key_pem()),
+        "unsigned": f"{header}.{payload}.",
+        "tampered": f"{header}.{payload}.{signature[:-4]}AAAA",
+        "expired": thread_end(project, "thr_a", now=int(time.time()) - 900),
+        "wrong audience": thread_end(project, "thr_a", aud="runner.elsewhere"),
+        "unknown type": thread_end(project, "thr_a", type="runner.drain"),
+        "a command": command,
+    }
+    for name, token in refused.items():
+        assert runner.handle_control(token) == Disposition.REFUSED, name
+
+    assert warm_of(engine, project, "thr_a") == before
+    assert not CallState(state_client, worker="x").thread_ended(project, "thr_a")
+    assert caplog.text.count('"event": "control_refused"') == len(refused)
+    for code in ("bad_signature", "expired", "wrong_audience", "unknown_type", "malformed"):
+        assert f'"code": "{code}"' in caplog.text
+    assert '"event": "thread_ended"' not in caplog.text
+
+
+def test_thread_end_removes_the_threads_idle_containers_of_every_process_only(
+    runner, processes, engine, workspace, project, runner_id, caplog
+):
+    first, second = processes
+    shell(first, workspace, project, "thr_a", runner_id, "true")
+    shell(second, workspace, project, "thr_a", runner_id, "true")
+    shell(second, workspace, project, "thr_b", runner_id, "true")
+    other_thread = warm_of(engine, project, "thr_b")
+    assert len(warm_of(engine, project, "thr_a")) == 2 and len(other_thread) == 1
+
+    assert runner.handle_control(thread_end(project, "thr_a")) == Disposition.APPLIED
+
+    assert warm_of(engine, project, "thr_a") == set()
+    assert warm_of(engine, project, "thr_b") == other_thread
+    assert (project, "thr_a") not in first.backend.warm_containers()
+    assert '"event": "thread_ended"' in caplog.text and '"removed_containers": 2' in caplog.text
+
+    # A call of the thread that was already queued still runs, in a fresh container (the
+    # second process's pool entry points at a removed container and is not used).
+    late = shell(second, workspace, project, "thr_a", runner_id, "echo late")
+    assert (late["exit_code"], late["stdout"]) == (0, "late\n")
+    assert warm_of(engine, project, "thr_a") == set()
+    assert (project, "thr_a") not in second.backend.warm_containers()
+    # The other thread's container is still warm and in use.
+    shell(second, workspace, project, "thr_b", runner_id, "true")
+    assert warm_of(engine, project, "thr_b") == other_thread
+
+
+def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
+    runner, processes, engine, workspace, project, runner_id
+):
+    _, second = processes
+    shell(second, workspace, project, "thr_a", runner_id, "true")  # warm, then busy below
+    (container_id,) = warm_of(engine, project, "thr_a")
+    outcome: dict = {}
+    call = threading.Thread(
+        target=lambda: outcome.update(
+            shell(second, workspace, project, "thr_a", runner_id, "sleep 2; echo finished")
+        )
+    )
+    call.start()
+    deadline = time.monotonic() + 20
+    container = engine.containers.get(container_id)
+    while not _running_execs(engine, container):
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.05)
+        container.reload()
+
+    runner.handle_control(thread_end(project, "thr_a"))
+    assert warm_of(engine, project, "thr_a") == {container_id}  # never killed mid-call
+
+    call.join(30)
+    assert (outcome["exit_code"], outcome["stdout"]) == (0, "finished\n")
+    assert warm_of(engine, project, "thr_a") == set()
+
+
+# --- real worker processes ------------------------------------------------------------
+
+
+def start_worker(tmp_path: Path, workspace_root: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    runner_id = f"run_end{name}{uuid.uuid4().hex[:8]}"
+    key_file = tmp_path / f"{name}.pem"
+    key_file.write_bytes(generate_private_key_pem())
+    key_file.chmod(0o600)
+    control_file = tmp_path / "control.pub"
+    control_file.write_bytes(CONTROL_PUBLIC)
+    env = {
+        "PATH": os.environ["PATH"],
+        "LANG": "C.UTF-8",
+        "KESTREL_RUNNER_ID": runner_id,
+        "KESTREL_RUNNER_POOL": POOL,
+        "KESTREL_RUNNER_KEY_FILE": str(key_file),
+        "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_file),
+        "KESTREL_BROKER_URL": STATE_URL,
+        "KESTREL_WORKSPACE_ROOT": str(workspace_root),
+        "KESTREL_SANDBOX": "docker",
+        "KESTREL_MAX_CALL_SECONDS": "20",
+    }
+    if "DOCKER_HOST" in os.environ:
+        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    log = tmp_path / f"{name}.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "runners", "worker", "--concurrency", "1"],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return worker, log
+
+
+def wait_for(condition, *, timeout: float, what: str, logs: list[Path]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            tails = "\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
+            pytest.fail(f"gave up waiting for {what} after {timeout} s\n{tails}")
+        time.sleep(0.1)
+
+
+def test_every_runner_host_of_the_pool_removes_the_thread_on_one_broadcast(
+    tmp_path, workspace_root, docker_backend, state_client, engine, project
+):
+    workers = [start_worker(tmp_path, workspace_root, name) for name in ("hosta", "hostb")]
+    logs = [log for _, log in workers]
+    app = Celery("fake-control", broker=STATE_URL, set_as_current=False)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    exchange = Exchange(control_exchange(POOL), type="fanout")
+
+    def publish(token: str) -> None:
+        app.send_task(
+            "runner.control",
+            args=[token],
+            exchange=exchange,
+            routing_key=control_exchange(POOL),
+            declare=[exchange],
+        )
+
+    try:
+        wait_for(
+            lambda: all(b" ready." in log.read_bytes() for log in logs),
+            timeout=60,
+            what="both workers to be ready",
+            logs=logs,
+        )
+        # Two calls of one thread at once: each worker (one slot, prefetch 1) takes one, so
+        # each host keeps a warm container of the thread. A third thread's call for contrast.
+        for script in ("sleep 2", "sleep 2", "true"):
+            thread = "thr_other" if script == "true" else "thr_a"
+            app.send_task(
+                "runner.execute",
+                args=[
+                    sign_command(
+                        {
+                            "iss": "kestrel-control",
+                            "aud": f"runner.{POOL}",
+                            "jti": f"act_{uuid.uuid4().hex}",
+                            "org": "org_01JORG",
+                            "env": "env_01JENV",
+                            "prj": project,
+                            "thr": thread,
+                            "tool": "shell.exec",
+                            "args": {"script": script},
+                            "policy_version": "pol_1",
+                            "limits": {
+                                "timeout_s": 15,
+                                "memory_mb": 128,
+                                "cpus": 1,
+                                "pids": 64,
+                                "output_kb": 64,
+                            },
+                            "attempt": 1,
+                        },
+                        CONTROL_KEY,
+                    )
+                ],
+                queue=f"runner.{POOL}",
+            )
+        wait_for(
+            lambda: sum(log.read_text().count('"event": "call_finished"') for log in logs) == 3,
+            timeout=90,
+            what="the three calls to finish",
+            logs=logs,
+        )
+        assert all('"event": "call_finished"' in log.read_text() for log in logs)
+        hosts = {
+            engine.api.inspect_container(cid)["Config"]["Labels"][f"{LABEL_PREFIX}runner"]
+            for cid in warm_of(engine, project, "thr_a")
+        }
+        assert len(hosts) == 2, "each host keeps a warm container of the thread"
+        other = warm_of(engine, project, "thr_other")
+        assert len(other) == 1
+
+        publish(thread_end(project, "thr_a", key=generate_private_key_pem()))  # forged
+        wait_for(
+            lambda: all('"event": "control_refused"' in log.read_text() for log in logs),
+            timeout=30,
+            what="both hosts to refuse the forged message",
+            logs=logs,
+        )
+        assert len(warm_of(engine, project, "thr_a")) == 2
+
+        publish(thread_end(project, "thr_a"))
+        wait_for(
+            lambda: not warm_of(engine, project, "thr_a"),
+            timeout=30,
+            what="both hosts to remove the thread's containers",
+            logs=logs,
+        )
+        wait_for(
+            lambda: all('"event": "thread_ended"' in log.read_text() for log in logs),
+            timeout=30,
+            what="both hosts to log the end",
+            logs=logs,
+        )
+        assert warm_of(engine, project, "thr_other") == other
+    finally:
+        for worker, _ in workers:
+            stop(worker)
+        client = docker.from_env()
+        for container in client.containers.list(
+            all=True, filters={"label": f"{LABEL_PREFIX}project={project}"}
+        ):
+            container.remove(force=True)
+        client.close()
