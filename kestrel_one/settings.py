@@ -315,6 +315,14 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": "control"},
     },
 }
+# Audit records are chained right after the transaction that wrote them commits; this sweep
+# chains any that a crashed process left pending (docs/audit.md).
+KESTREL_AUDIT_CHAIN_SWEEP_SECONDS = env_int("KESTREL_AUDIT_CHAIN_SWEEP_SECONDS", 10)
+CELERY_BEAT_SCHEDULE["chain-audit-records"] = {
+    "task": "control.audit.chain",
+    "schedule": float(KESTREL_AUDIT_CHAIN_SWEEP_SECONDS),
+    "options": {"queue": "control"},
+}
 
 
 def env_seconds_list(name: str, default: str) -> list[float]:

@@ -3,7 +3,8 @@
 Readable by owners, admins and auditors (scope ``audit:read``). Items are projections: the
 stored data is redacted and bounded again on the way out (redaction rules only ever grow,
 so older rows get today's rules), and ``sequence``, ``prev_hash`` and ``hash`` are included
-because they are not secret and let a reader check the chain for themselves.
+because they are not secret and let a reader check the chain for themselves. Records
+committed but not yet chained are chained before the page is read, so none is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kestrel_one.api.base import OrgScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.audit.selectors import audit_records_filter
+from kestrel_one.audit.services import audit_chain_settle
 from kestrel_one.common.redaction import bounded, redact_text
 
 AUDIT_PROJECTION_MAX_BYTES = 4096
@@ -100,6 +102,14 @@ class AuditRecordViewSet(mixins.ListModelMixin, OrgScopedViewSet):
     serializer_class = AuditRecordSerializer
     pagination_class = AuditCursorPagination
     filter_backends: list = []
+
+    def restrict(self, queryset):
+        # Records still waiting to be chained have no sequence yet; ``list`` chains them first.
+        return queryset.filter(sequence__isnull=False)
+
+    def list(self, request, *args, **kwargs):
+        audit_chain_settle(self.organization)
+        return super().list(request, *args, **kwargs)
 
     def filter_queryset(self, queryset):
         params = {

@@ -8,7 +8,7 @@ from kestrel_one.common.ids import PublicIdField
 
 
 class AuditChain(models.Model):
-    """The head of one organization's audit chain; locking it serializes appends."""
+    """The head of one organization's audit chain; locking it serializes chaining."""
 
     organization = models.OneToOneField(
         "tenancy.Organization", on_delete=models.CASCADE, related_name="audit_chain"
@@ -33,7 +33,9 @@ class AuditRecord(models.Model):
     organization = models.ForeignKey(
         "tenancy.Organization", on_delete=models.CASCADE, related_name="audit_records"
     )
-    sequence = models.BigIntegerField()
+    # Empty until the record is chained (kestrel_one.audit.services.audit_chain_settle),
+    # shortly after the transaction that wrote it commits.
+    sequence = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
     actor_type = models.CharField(max_length=16)
     actor_id = models.CharField(max_length=64)
@@ -44,8 +46,8 @@ class AuditRecord(models.Model):
     data = models.JSONField(default=dict)
     request_id = models.CharField(max_length=64, blank=True)
     source_address = models.CharField(max_length=64, blank=True)
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
         constraints = [
@@ -56,6 +58,11 @@ class AuditRecord(models.Model):
         indexes = [
             models.Index(fields=["organization", "action"]),
             models.Index(fields=["organization", "created_at"]),
+            models.Index(
+                fields=["organization", "id"],
+                condition=models.Q(sequence__isnull=True),
+                name="audit_pending_per_org",
+            ),
         ]
         ordering = ["organization_id", "sequence"]
 

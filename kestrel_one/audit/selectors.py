@@ -30,13 +30,17 @@ class VerifyResult:
     bad_sequence: int | None = None
     bad_public_id: str | None = None
     reason: str = ""
+    # Records committed but not chained yet (they have no sequence to check); a settle
+    # (kestrel_one.audit.services.audit_chain_settle) chains them.
+    pending: int = 0
 
     def summary(self) -> str:
         if self.ok:
             start = f"after anchor #{self.anchor_sequence}" if self.anchor_sequence else "from #1"
+            pending = f", {self.pending} not chained yet" if self.pending else ""
             return (
                 f"audit chain of {self.organization}: intact, {self.records} record(s) "
-                f"{start} to #{self.last_sequence}, head {self.last_hash[:16]}"
+                f"{start} to #{self.last_sequence}, head {self.last_hash[:16]}{pending}"
             )
         where = (
             f"record #{self.bad_sequence} ({self.bad_public_id})"
@@ -57,7 +61,9 @@ def audit_chain_verify(organization) -> VerifyResult:
     therefore shows up as the first record where one of these stops holding.
 
     Outside a transaction the walk runs in one REPEATABLE READ snapshot, so records
-    appended while it runs are neither half-seen nor mistaken for a broken head.
+    appended while it runs are neither half-seen nor mistaken for a broken head. Records
+    not chained yet are counted as ``pending``, not checked: callers that want them
+    checked settle the chain first (the ``audit_verify`` command does).
     """
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
         with transaction.atomic():
@@ -81,6 +87,9 @@ def _verify(organization) -> VerifyResult:
         "last_sequence": head_sequence,
         "last_hash": head_hash,
         "anchor_sequence": anchor_sequence,
+        "pending": AuditRecord.objects.filter(
+            organization=organization, sequence__isnull=True
+        ).count(),
     }
 
     def broken(reason: str, row: dict | None = None) -> VerifyResult:
@@ -96,7 +105,7 @@ def _verify(organization) -> VerifyResult:
     expected_prev = anchor_hash
     latest_trim_anchor = None
     rows = (
-        AuditRecord.objects.filter(organization=organization)
+        AuditRecord.objects.filter(organization=organization, sequence__isnull=False)
         .order_by("sequence")
         .values(*_VERIFY_FIELDS)
         .iterator(chunk_size=2000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from kestrel_one.audit.selectors import audit_chain_verify
+from kestrel_one.audit.services import audit_chain_settle
 from kestrel_one.tenancy.models import Organization
 
 EXIT_BROKEN = 1
@@ -12,11 +13,11 @@ EXIT_BROKEN = 1
 
 class Command(BaseCommand):
     help = (
-        "Walk an organization's audit chain in sequence order, recompute every record's "
-        "hash and check the links, the sequence numbers, the chain head and any retention "
-        "anchor. Exits 0 and prints a summary when the chain is intact; exits 1 naming the "
-        "first bad record (sequence, id and why) when it is not; exits 2 for an unknown "
-        "organization."
+        "Chain any records still pending, then walk an organization's audit chain in "
+        "sequence order, recompute every record's hash and check the links, the sequence "
+        "numbers, the chain head and any retention anchor. Exits 0 and prints a summary "
+        "when the chain is intact; exits 1 naming the first bad record (sequence, id and "
+        "why) when it is not; exits 2 for an unknown organization."
     )
 
     def add_arguments(self, parser):
@@ -26,6 +27,7 @@ class Command(BaseCommand):
         organization = Organization.objects.filter(slug=org).first()
         if organization is None:
             raise CommandError(f"No organization with slug {org!r}.", returncode=2)
+        audit_chain_settle(organization)
         result = audit_chain_verify(organization)
         if result.ok:
             self.stdout.write(result.summary())
