@@ -179,25 +179,28 @@ class WarmDockerBackend(SandboxBackend):
         if key is None or self.max_containers == 0:
             return super().run_probed(spec)
         self.remove_idle()
-        if self._ended(key):
-            # A call of the thread that was queued before it ended: it runs (the control plane
-            # decided it), but in a fresh container, and nothing of the thread stays warm.
+        try:
+            sandbox = self._checkout(key, spec)
+            if sandbox is None:
+                return super().run_probed(spec)
+            keep = False
+            try:
+                result = self._exec(sandbox, spec)
+                # A timed-out or OOM-killed call leaves a container in an unknown state.
+                keep = not (result.timed_out or result.oom_killed)
+                return result
+            finally:
+                # The thread may have ended while this call ran (another process got the
+                # notice): its container goes now instead of idling.
+                if keep and self._ended(key):
+                    keep = False
+                self._checkin(key, sandbox, keep=keep)
+        except _ThreadEnded:
+            # A call of the thread that was queued before it ended: it runs (the control
+            # plane decided it), but in a fresh container, since nothing of the thread may
+            # stay warm. Its command never started in the warm one (see _exec).
             self.end_thread(*key)
             return super().run_probed(spec)
-        sandbox = self._checkout(key, spec)
-        if sandbox is None:
-            return super().run_probed(spec)
-        keep = False
-        try:
-            result = self._exec(sandbox, spec)
-            # A timed-out or OOM-killed call leaves a container in an unknown state.
-            keep = not (result.timed_out or result.oom_killed)
-            return result
-        finally:
-            # The thread may have ended while this call ran (another process got the notice).
-            if keep and self._ended(key):
-                keep = False
-            self._checkin(key, sandbox, keep=keep)
 
     def _ended(self, key: tuple[str, str]) -> bool:
         """Whether the thread ended; when that cannot be told, treated as ended (the call
@@ -352,6 +355,8 @@ class WarmDockerBackend(SandboxBackend):
             try:
                 container.start()
             except _ENGINE_ERRORS as error:
+                if self._ended(key):
+                    raise _ThreadEnded from None  # removed by a thread end before it started
                 raise SandboxStartFailed(f"docker: cannot start the container: {error}") from None
             probe = probe_with(
                 self.name, lambda probe_spec: self._exec(sandbox, probe_spec), spec.workspace
@@ -369,6 +374,7 @@ class WarmDockerBackend(SandboxBackend):
         call = spec.labels.get("call", "call")
         tmpdir = f"{SANDBOX_TMP}/kestrel-{_safe(call)}-{secrets.token_hex(8)}"
         api = self.client.api
+        key = (sandbox.project, sandbox.thread)
         try:
             exec_id = api.exec_create(
                 sandbox.container_id,
@@ -382,6 +388,22 @@ class WarmDockerBackend(SandboxBackend):
                 environment=spec.environment(),
                 workdir=spec.sandbox_cwd,
             )["Id"]
+        except _ENGINE_ERRORS as error:
+            self._discard(sandbox)
+            if self._ended(key):
+                # Removed by a thread end (remove_idle_thread_containers); nothing ran.
+                raise _ThreadEnded from None
+            raise SandboxStartFailed(
+                f"docker: cannot exec in the warm container: {error}"
+            ) from None
+        # Asked between creating the exec and starting it. A thread end marks the thread
+        # ended *before* it looks for idle containers, and counts a created, unstarted exec
+        # as busy; so either this sees the mark (and the command never starts here), or the
+        # remover sees this exec and leaves the container to this call.
+        if self._ended(key):
+            self._discard(sandbox)
+            raise _ThreadEnded
+        try:
             sock = api.exec_start(exec_id, socket=True)
         except _ENGINE_ERRORS as error:
             # Dead or gone container: it is not used again, and the call is not retried here.
@@ -487,6 +509,10 @@ class WarmDockerBackend(SandboxBackend):
             log.warning("could not remove warm container %s: %s", container_id[:12], error)
 
 
+class _ThreadEnded(Exception):
+    """The thread ended before this call's command started in its warm container."""
+
+
 def _thread_key(spec: ExecSpec) -> tuple[str, str] | None:
     project, thread = spec.labels.get("project"), spec.labels.get("thread")
     if not project or not thread:
@@ -517,9 +543,12 @@ def remove_idle_thread_containers(
     """Remove the idle warm containers of one thread, whichever worker process keeps them.
 
     Found by label (project, thread and, when given, runner), so only that thread's
-    containers of that runner are touched. A container with a running exec is serving a
-    call and is left alone: the process running it removes it when the call checks in (it
-    learns that the thread ended through ``WarmDockerBackend.thread_ended``).
+    containers of that runner are touched. A container with a running exec, or one created
+    and not yet started, is serving a call and is left alone: the process running it removes
+    it when the call checks in (it learns that the thread ended through
+    ``WarmDockerBackend.thread_ended``). Call this only after marking the thread ended: a
+    process about to use a container this removes then finds it gone or the thread ended
+    before its command starts, and runs the call in a fresh container instead.
     """
     filters = [
         f"{WARM_LABEL}=true",
@@ -528,16 +557,21 @@ def remove_idle_thread_containers(
     ]
     if runner_id is not None:
         filters.append(f"{LABEL_PREFIX}runner={runner_id}")
-    return _remove_idle(client, filters)
+    return _remove_idle(client, filters, spare_pending=True)
 
 
-def _remove_idle(client: Any, filters: list[str]) -> int:
-    """Remove the containers with all these labels that run no exec; how many."""
+def _remove_idle(client: Any, filters: list[str], *, spare_pending: bool = False) -> int:
+    """Remove the containers with all these labels that run no exec; how many.
+
+    With ``spare_pending``, an exec created but not started counts as running.
+    """
     removed = 0
     for container in client.containers.list(
         all=True, filters={"label": filters}, ignore_removed=True
     ):
-        if container.status == "running" and _running_execs(client, container):
+        if container.status == "running" and _running_execs(
+            client, container, pending=spare_pending
+        ):
             continue
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
@@ -559,15 +593,16 @@ def containers_running_call(client: Any, call_id: str) -> list[Any]:
     return found
 
 
-def _running_execs(client: Any, container: Any) -> list[list[str]]:
-    """The argv of each exec still running in ``container``."""
+def _running_execs(client: Any, container: Any, *, pending: bool = False) -> list[list[str]]:
+    """The argv of each exec still running in ``container`` (with ``pending``, also of
+    each exec created and not started yet: it has no exit code)."""
     running = []
     for exec_id in container.attrs.get("ExecIDs") or []:
         try:
             state = client.api.exec_inspect(exec_id)
         except docker.errors.NotFound:
             continue
-        if state.get("Running"):
+        if state.get("Running") or (pending and state.get("ExitCode") is None):
             config = state.get("ProcessConfig") or {}
             running.append([config.get("entrypoint", ""), *(config.get("arguments") or [])])
     return running

@@ -1,0 +1,200 @@
+"""Ending a thread end to end through real processes: a warm call in a thread, a call still
+running when the thread is ended over HTTP, the control plane's broadcast after commit, and
+the runner removing the thread's warm container once that call has been recorded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.execution.enrollment import runner_enroll
+from kestrel_one.execution.keys import control_public_key_pem
+from kestrel_one.execution.local import control_worker_argv
+from kestrel_one.execution.models import Action, ActionState, Runner
+from kestrel_one.governance.services import policy_publish_environment
+from kestrel_one.tenancy.services import environment_create, project_create
+from kestrel_one.threads.models import Thread
+from kestrel_one.threads.services import thread_create
+from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.sandbox.docker import LABEL_PREFIX
+from runners.sandbox.warm import WARM_LABEL
+from tests.support import stop
+
+ROOT = Path(__file__).resolve().parents[2]
+# Its own runner id: another suite's runner starting up removes idle warm containers of its
+# id, which must never be what makes this test pass.
+RUNNER_ID = f"run_E2EEND{uuid.uuid4().hex[:16].upper()}"
+POLICY = {"capabilities": {"shell.exec": {"limits": {"timeout_s": 30, "pids": 64}}}}
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+
+
+@pytest.fixture(scope="module")
+def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend):
+    """A runner worker and a control worker, both real Celery processes on the real broker."""
+    base = tmp_path_factory.mktemp("thread-end")
+    key = base / "runner.key"
+    key.write_bytes(generate_private_key_pem())
+    key.chmod(0o600)
+    control_public = base / "control.pub"
+    control_public.write_text(control_public_key_pem())
+    workspaces = base / "workspaces"
+    workspaces.mkdir()
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("runner.default", "control")
+    with django_db_blocker.unblock():
+        database = connection.settings_dict
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
+        cwd=ROOT,
+        env={
+            **base_env,
+            "KESTREL_RUNNER_ID": RUNNER_ID,
+            "KESTREL_RUNNER_POOL": "default",
+            "KESTREL_RUNNER_KEY_FILE": str(key),
+            "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_public),
+            "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
+            "KESTREL_WORKSPACE_ROOT": str(workspaces),
+            "KESTREL_SANDBOX": "docker",
+            "KESTREL_MAX_CALL_SECONDS": "60",
+        },
+        stdout=(base / "runner.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    control = subprocess.Popen(
+        control_worker_argv(concurrency=1),
+        cwd=ROOT,
+        env={
+            **base_env,
+            "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
+            "TEST_DATABASE_URL": (
+                f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
+                f"{database['NAME']}"
+            ),
+            "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
+            "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
+        },
+        stdout=(base / "control.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    yield {"key": key, "logs": base}
+    stop(runner)
+    stop(control)
+
+
+def logs(workers) -> str:
+    return "".join(
+        (workers["logs"] / name).read_text(errors="replace")[-3000:]
+        for name in ("runner.log", "control.log")
+    )
+
+
+def wait_for(condition, *, timeout: float, what: str, workers) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what} after {timeout} s\n{logs(workers)}")
+        time.sleep(0.2)
+
+
+def warm_containers(thread: Thread) -> list:
+    client = docker.from_env()
+    try:
+        return client.containers.list(
+            all=True,
+            filters={
+                "label": [
+                    f"{WARM_LABEL}=true",
+                    f"{LABEL_PREFIX}thread={thread.public_id}",
+                    f"{LABEL_PREFIX}runner={RUNNER_ID}",
+                ]
+            },
+        )
+    finally:
+        client.close()
+
+
+def test_ending_a_thread_removes_its_warm_container_after_the_running_call_is_recorded(
+    workers, world
+):
+    system = system_principal("tests")
+    enrolled = runner_enroll(
+        actor=system,
+        pool="default",
+        public_key_pem=public_key_pem(workers["key"].read_bytes()).decode(),
+    )
+    Runner.objects.filter(pk=enrolled.pk).update(public_id=RUNNER_ID)
+    environment = environment_create(actor=system, organization=world.org, name="ending")
+    policy_publish_environment(actor=system, environment=environment, document=POLICY)
+    project = project_create(
+        actor=system, organization=world.org, environment=environment, name="ending"
+    )
+    thread = thread_create(actor=system, project=project, title="to end", mode="agent")
+    client = world["owner"].client()
+    actions_url = f"/api/v1/orgs/acme/projects/{project.public_id}/threads/{thread.public_id}"
+
+    def request(script: str) -> dict:
+        response = client.post(
+            f"{actions_url}/actions",
+            {"tool": "shell.exec", "args": {"script": script}},
+            format="json",
+        )
+        assert response.status_code == 201, response.content
+        return response.json()
+
+    def state(action_id: str) -> str:
+        return Action.objects.get(public_id=action_id).state
+
+    warm = request("echo warm")
+    wait_for(
+        lambda: state(warm["id"]) == ActionState.SUCCEEDED,
+        timeout=120,
+        what="the first call to succeed",
+        workers=workers,
+    )
+    assert len(warm_containers(thread)) == 1, "the thread's call left a warm container"
+
+    running = request("sleep 3; echo done")
+    wait_for(
+        lambda: state(running["id"]) == ActionState.RUNNING,
+        timeout=60,
+        what="the second call to start",
+        workers=workers,
+    )
+    ended = client.post(f"{actions_url}/end", {}, format="json")
+    assert ended.status_code == 200, ended.content
+    assert ended.json()["status"] == "ended"
+
+    refused = client.post(
+        f"{actions_url}/actions",
+        {"tool": "shell.exec", "args": {"script": "echo too late"}},
+        format="json",
+    )
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "thread_ended"
+
+    wait_for(
+        lambda: state(running["id"]) == ActionState.SUCCEEDED,
+        timeout=60,
+        what="the running call to be recorded",
+        workers=workers,
+    )
+    assert Action.objects.get(public_id=running["id"]).result["stdout"] == "done\n"
+    wait_for(
+        lambda: not warm_containers(thread),
+        timeout=30,
+        what="the thread's warm container to be removed",
+        workers=workers,
+    )
+    assert '"event": "thread_ended"' in (workers["logs"] / "runner.log").read_text()
+    assert Action.objects.filter(thread=thread).count() == 2
