@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 
-.PHONY: run test install lint check-migrations docker-ready images bench clean
+.PHONY: run test install lint check-migrations docker-ready sandboxes images bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,8 +35,12 @@ docker-ready:
 images: docker-ready
 	bash deploy/images/tool-runtime/build.sh
 
+## Bubblewrap, the other sandbox backend (single-host without Docker); the tests need both.
+sandboxes: images
+	bash deploy/scripts/ensure-bubblewrap.sh
+
 ## Everything, against real PostgreSQL, Redis and Docker. Fails (never skips) when one is missing.
-test: install lint check-migrations images
+test: install lint check-migrations sandboxes
 	$(BIN)/pytest
 
 bench: install images

@@ -209,9 +209,10 @@ except OSError as error:
 def test_a_shell_fork_bomb_is_refused_forks_and_ends(run):
     limits = ExecLimits(timeout_s=5, memory_mb=128, cpus=0.5, pids=32, output_kb=4, tmp_mb=8)
     result = run("shell.exec", limits, script="bomb() { bomb | bomb & }; bomb; wait")
-    # It ends one way or the other (its forks fail, or the timeout ends it) and leaves
-    # nothing running.
-    assert "Cannot fork" in result["stderr"]
+    # It ends one way or the other and leaves nothing running: usually its forks fail at
+    # the pids limit first, but on a loaded machine the timeout can end it before the shell
+    # has reported one (the pids limit itself is proved by the EAGAIN test above).
+    assert "Cannot fork" in result["stderr"] or result["timed_out"], result
     assert _processes_matching("bomb") == []
 
 
