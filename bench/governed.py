@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cpu
 import psycopg
 import redis
 import requests
@@ -277,6 +278,7 @@ def throughput(workspace: Workspace, seconds: float, clients: int = 8) -> dict[s
                 elif len(errors) < 5:
                     errors.append(problem)
 
+    cpu_before = cpu.snapshot()
     started = time.perf_counter()
     workers = [threading.Thread(target=client, args=(thread,)) for thread in threads]
     for worker in workers:
@@ -284,7 +286,9 @@ def throughput(workspace: Workspace, seconds: float, clients: int = 8) -> dict[s
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - started
+    cpu_used = cpu.per_call(cpu_before, cpu.snapshot(), counts["ok"] + counts["errors"])
     return {
+        "cpu_ms_per_call": cpu_used,
         "calls_per_second": counts["ok"] / elapsed,
         "ok": counts["ok"],
         "errors": counts["errors"],

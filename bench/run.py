@@ -116,6 +116,7 @@ def governed_figures(quick: bool) -> list[Figure]:
             if rate["latencies"]
             else None,
             "docker_exec_latency_median_ms": statistics.median(exec_latencies) * 1000,
+            "cpu_ms_per_call": rate["cpu_ms_per_call"],
         },
     )
     throughput.met = rate["calls_per_second"] >= 25 and rate["errors"] == 0
@@ -254,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(format_table(figures))
     for figure in figures:
+        if figure.notes.get("cpu_ms_per_call"):
+            spent = ", ".join(f"{k} {v:.0f}" for k, v in figure.notes["cpu_ms_per_call"].items())
+            print(f"{figure.name}: CPU ms per call: {spent}")
         if figure.notes.get("errors"):
             print(
                 f"{figure.name}: {figure.notes['errors']} errors: {figure.notes['error_samples']}"

@@ -87,14 +87,22 @@ if HOSTED:
         "DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "KESTREL_ALLOWED_HOSTS"
     )
     SECRET_KEY = _hosted["DJANGO_SECRET_KEY"]
-    DATABASES = {"default": dj_database_url.parse(_hosted["DATABASE_URL"], conn_max_age=60)}
+    DATABASES = {
+        "default": dj_database_url.parse(
+            _hosted["DATABASE_URL"], conn_max_age=60, conn_health_checks=True
+        )
+    }
     REDIS_URL = _hosted["REDIS_URL"]
     ALLOWED_HOSTS = [h.strip() for h in _hosted["KESTREL_ALLOWED_HOSTS"].split(",") if h.strip()]
 else:
     SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _single_host_secret_key()
+    # Connections are kept (and checked before reuse) as in hosted mode: a new PostgreSQL
+    # connection per request or task cost more CPU than the request itself (docs/performance.md).
     DATABASES = {
         "default": dj_database_url.parse(
-            env_str("DATABASE_URL", f"sqlite:///{KESTREL_DATA_DIR / 'kestrel.sqlite3'}")
+            env_str("DATABASE_URL", f"sqlite:///{KESTREL_DATA_DIR / 'kestrel.sqlite3'}"),
+            conn_max_age=60,
+            conn_health_checks=True,
         )
     }
     REDIS_URL = env_str("REDIS_URL")
