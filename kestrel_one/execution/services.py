@@ -106,7 +106,7 @@ def _plan_step(*, thread, plan_id: str, step: int, tool: str, args_digest: str):
     return plan
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)  # inside the request's transaction: no savepoint needed
 def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = None) -> Action:
     """Validate, decide and record one call; an allowed call is dispatched after commit.
 

@@ -14,7 +14,9 @@ from kestrel_one.webhooks.services import webhook_emit_thread_event
 EVENT_DATA_MAX_BYTES = 4096
 
 
-@transaction.atomic
+# No savepoint when called inside a transaction (every caller but tests): nothing catches
+# its errors to go on, and a savepoint is two more round trips for each of a call's events.
+@transaction.atomic(savepoint=False)
 def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> ThreadEvent:
     """Append the thread's next event; the row lock keeps the sequence ordered and gap-free."""
     locked = Thread.objects.select_for_update().only("pk", "last_event_sequence").get(pk=thread.pk)
