@@ -111,48 +111,60 @@ def _chain_after_commit(organization) -> None:
     if connection.vendor != "postgresql":  # SQLite serializes writers anyway
         audit_chain_settle(organization)
         return
-    pending = AuditRecord.objects.filter(organization=organization, sequence__isnull=True)
     for _ in range(SETTLE_MAX_ROUNDS):
-        if not _try_lock(_CHAINING, organization.pk):
+        if not _sql(_TRY_LOCK_SQL, [_CHAINING, organization.pk]):
             return
         try:
             audit_chain_settle(organization)
         finally:
-            _unlock(_CHAINING, organization.pk)
-        if not pending.exists():
+            _sql(_UNLOCK_SQL, [_CHAINING, organization.pk])
+        if not _sql(_PENDING_SQL, [organization.pk]):
             return
 
 
-# Session-level advisory lock keys: (namespace, organization pk).
-_CHAINING = 0x6B31_4155  # "k1AU"
-
-
-def _try_lock(namespace: int, key: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [namespace, key])
-        return cursor.fetchone()[0]
-
-
-def _unlock(namespace: int, key: int) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [namespace, key])
-
-
-def _lock_head(organization) -> AuditChain:
-    """The organization's chain head, locked until the caller's transaction ends."""
-    heads = AuditChain.objects.select_for_update()
-    head = heads.filter(organization=organization).first()
-    if head is None:
-        # Heads are made with their organization; this covers one made without.
-        AuditChain.objects.get_or_create(organization=organization)
-        head = heads.get(organization=organization)
-    return head
-
-
+# The chaining path runs after every audited commit, so its fixed statements are plain SQL
+# (no query to compile each time); the records themselves are read through the ORM, exactly
+# as the verifier reads them, so both hash the same values.
+_CHAINING = 0x6B31_4155  # session advisory lock namespace ("k1AU"); the key is the org's pk
+_TRY_LOCK_SQL = "SELECT pg_try_advisory_lock(%s, %s)"
+_UNLOCK_SQL = "SELECT pg_advisory_unlock(%s, %s)"
+_PENDING_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM audit_auditrecord "
+    "WHERE organization_id = %s AND sequence IS NULL)"
+)
+_LOCK_HEAD_SQL = (
+    "SELECT id, last_sequence, last_hash FROM audit_auditchain "
+    "WHERE organization_id = %s FOR UPDATE"
+)
+_MOVE_HEAD_SQL = "UPDATE audit_auditchain SET last_sequence = %s, last_hash = %s WHERE id = %s"
 _LINK_SQL = (
     "UPDATE audit_auditrecord SET sequence = %s, prev_hash = %s, hash = %s "
     "WHERE id = %s AND sequence IS NULL"
 )
+
+
+def _sql(statement: str, params: list):
+    """The first column of the first row of ``statement``, or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _lock_head(organization) -> AuditChain:
+    """The organization's chain head (its chaining fields), locked until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_HEAD_SQL, [organization.pk])
+        row = cursor.fetchone()
+        if row is None:
+            # Heads are made with their organization; this covers one made without.
+            AuditChain.objects.get_or_create(organization=organization)
+            cursor.execute(_LOCK_HEAD_SQL, [organization.pk])
+            row = cursor.fetchone()
+    head_id, last_sequence, last_hash = row
+    return AuditChain(
+        id=head_id, organization=organization, last_sequence=last_sequence, last_hash=last_hash
+    )
 
 
 def _chain_pending(head: AuditChain, organization) -> int:
@@ -171,11 +183,11 @@ def _chain_pending(head: AuditChain, organization) -> int:
         row["hash"] = chain_hash(row, organization_public_id=organization.public_id)
         head.last_sequence, head.last_hash = row["sequence"], row["hash"]
         linked.append((row["sequence"], row["prev_hash"], row["hash"], row["id"]))
-    # One statement per record, sent together (psycopg pipelines executemany): several
-    # times faster than bulk_update's CASE expressions at this batch size.
     with connection.cursor() as cursor:
+        # One statement per record, sent together (psycopg pipelines executemany): several
+        # times faster than bulk_update's CASE expressions at this batch size.
         cursor.executemany(_LINK_SQL, linked)
-    head.save(update_fields=["last_sequence", "last_hash"])
+        cursor.execute(_MOVE_HEAD_SQL, [head.last_sequence, head.last_hash, head.id])
     return len(linked)
 
 
@@ -272,9 +284,10 @@ def audit_trim(*, organization, actor, before: datetime) -> AuditRecord:
     Pending records are chained first, and the trim's record is chained before commit, so
     the anchor and the record naming it become visible together.
     """
-    chain = _lock_head(organization)
-    while _chain_pending(chain, organization) == CHAIN_BATCH:
+    head = _lock_head(organization)
+    while _chain_pending(head, organization) == CHAIN_BATCH:
         pass
+    chain = AuditChain.objects.get(pk=head.pk)  # locked above; the anchor fields too
     records = AuditRecord.objects.filter(
         organization=organization, sequence__gt=chain.anchor_sequence
     )
