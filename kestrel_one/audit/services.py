@@ -9,6 +9,7 @@ organization never writes into its log.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from functools import partial
 
@@ -95,30 +96,36 @@ def audit_chain_sweep() -> dict[str, int]:
     return swept
 
 
-# A chaining transaction takes at most this many records; a settle at most this many rounds
-# (the periodic sweep chains anything a long burst left).
+# A chaining transaction takes at most this many records, a settle at most this many
+# transactions. Chaining after a commit, which can go on while others keep writing, stops
+# after this long: the next commit or the periodic sweep chains what is left.
 CHAIN_BATCH = 500
 SETTLE_MAX_ROUNDS = 20
+CHAINING_AFTER_COMMIT_SECONDS = 0.5
 
 
 def _chain_after_commit(organization) -> None:
     """Chain what this commit wrote, unless another process is already chaining.
 
-    The busy process checks for pending records again after it lets go, and this commit
-    came before that check, so its records are not left behind; while it chains, writers
-    pay one lock probe instead of a chaining transaction each.
+    The chaining process goes on while others keep committing, then checks for pending
+    records again after it lets go; this commit came before that check, so its records are
+    not left behind. While one process chains, the other writers pay one lock probe each
+    instead of a chaining transaction.
     """
     if connection.vendor != "postgresql":  # SQLite serializes writers anyway
         audit_chain_settle(organization)
         return
-    for _ in range(SETTLE_MAX_ROUNDS):
+    deadline = time.monotonic() + CHAINING_AFTER_COMMIT_SECONDS
+    while True:
         if not _sql(_TRY_LOCK_SQL, [_CHAINING, organization.pk]):
             return
         try:
-            audit_chain_settle(organization)
+            # Writers keep committing while this chains: go on while each round finds some.
+            while audit_chain_settle(organization) and time.monotonic() < deadline:
+                pass
         finally:
             _sql(_UNLOCK_SQL, [_CHAINING, organization.pk])
-        if not _sql(_PENDING_SQL, [organization.pk]):
+        if time.monotonic() >= deadline or not _sql(_PENDING_SQL, [organization.pk]):
             return
 
 
