@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime
-from functools import partial
 
 import structlog
 from django.db import connection, transaction
@@ -63,7 +62,9 @@ def audit_record(
         request_id=context.request_id.get() or "",
         source_address=context.source_address.get() or "",
     )
-    transaction.on_commit(partial(_chain_after_commit, organization), robust=True)
+    # robust: a failure to chain is logged, never turned into an error of the committed
+    # write; the next commit or the sweep chains the record.
+    transaction.on_commit(lambda: _chain_after_commit(organization), robust=True)
     return record
 
 
@@ -142,10 +143,7 @@ _PENDING_SQL = (
     "SELECT EXISTS (SELECT 1 FROM audit_auditrecord "
     "WHERE organization_id = %s AND sequence IS NULL)"
 )
-_LOCK_HEAD_SQL = (
-    "SELECT id, last_sequence, last_hash FROM audit_auditchain "
-    "WHERE organization_id = %s FOR UPDATE"
-)
+_HEAD_SQL = "SELECT id, last_sequence, last_hash FROM audit_auditchain WHERE organization_id = %s"
 _MOVE_HEAD_SQL = "UPDATE audit_auditchain SET last_sequence = %s, last_hash = %s WHERE id = %s"
 _LINK_SQL = (
     "UPDATE audit_auditrecord SET sequence = %s, prev_hash = %s, hash = %s "
@@ -162,14 +160,19 @@ def _sql(statement: str, params: list):
 
 
 def _lock_head(organization) -> AuditChain:
-    """The organization's chain head (its chaining fields), locked until the transaction ends."""
+    """The organization's chain head (its chaining fields), locked until the transaction ends.
+
+    SQLite (single-host without PostgreSQL) has no row locks; it runs one writing transaction
+    at a time, which serializes chaining just the same.
+    """
+    statement = _HEAD_SQL + (" FOR UPDATE" if connection.features.has_select_for_update else "")
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_HEAD_SQL, [organization.pk])
+        cursor.execute(statement, [organization.pk])
         row = cursor.fetchone()
         if row is None:
             # Heads are made with their organization; this covers one made without.
             AuditChain.objects.get_or_create(organization=organization)
-            cursor.execute(_LOCK_HEAD_SQL, [organization.pk])
+            cursor.execute(statement, [organization.pk])
             row = cursor.fetchone()
     head_id, last_sequence, last_hash = row
     return AuditChain(

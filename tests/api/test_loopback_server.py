@@ -204,6 +204,10 @@ def test_bootstrap_prints_one_line_of_json(data_dir):
     assert second["token"] != body["token"], "each run prints a new token"
     bad = manage(env, "bootstrap", "--org", "Not A Slug!", "--email", "ada@example.com")
     assert bad.returncode != 0 and "--org" in bad.stderr
+    # What bootstrap audited was chained on SQLite too (no row locks there).
+    verify = manage(env, "audit_verify", "--org", "acme")
+    assert verify.returncode == 0, verify.stderr
+    assert "intact" in verify.stdout and "not chained" not in verify.stdout
 
 
 @pytest.mark.spec("CRED-1")
