@@ -43,7 +43,7 @@ def _kind(pid: str) -> str | None:
     for name, test in _KINDS:
         if test(comm, cmd):
             return name
-    return "other"
+    return f"other: {comm}"
 
 
 def snapshot() -> Counter[str]:
@@ -65,9 +65,17 @@ def snapshot() -> Counter[str]:
 
 
 def per_call(before: Counter[str], after: Counter[str], calls: int) -> dict[str, float]:
-    """CPU milliseconds per call by kind, largest first, with the total."""
+    """CPU milliseconds per call by kind, largest first, with the total; processes of no
+    known kind are named by their command, and the ones under 1 ms per call are summed."""
     spent = {kind: after[kind] - before.get(kind, 0.0) for kind in after}
     spent = {kind: seconds for kind, seconds in spent.items() if seconds > 0}
+    small = [
+        kind
+        for kind, seconds in spent.items()
+        if kind.startswith("other: ") and seconds / max(calls, 1) < 0.001
+    ]
+    if small:
+        spent["other (each under 1 ms)"] = sum(spent.pop(kind) for kind in small)
     result = {
         kind: round(seconds / max(calls, 1) * 1000, 1)
         for kind, seconds in sorted(spent.items(), key=lambda item: -item[1])
