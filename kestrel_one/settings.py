@@ -315,6 +315,8 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
+# Every control-plane task runs on the control queue (runners have their own app and queues).
+CELERY_TASK_ROUTES = {"control.*": {"queue": "control"}}
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": KESTREL_MAX_CALL_SECONDS + 120}
 CELERY_BEAT_SCHEDULE = {
     "sweep-silent-calls": {

@@ -10,7 +10,7 @@ from kestrel_one.celery import app
 logger = structlog.get_logger(__name__)
 
 
-@app.task(name="control.retention", queue="control", time_limit=1800, soft_time_limit=1700)
+@app.task(name="control.retention", time_limit=1800, soft_time_limit=1700)
 def retention() -> None:
     """Delete what each organization's retention no longer keeps (beat, hourly by default).
 

@@ -13,7 +13,6 @@ logger = structlog.get_logger(__name__)
 
 @app.task(
     name="control.ingest_result",
-    queue="control",
     acks_late=True,
     autoretry_for=(OperationalError,),
     retry_backoff=True,
@@ -30,7 +29,7 @@ def ingest_result(token: str) -> None:
     logger.info("runner report recorded", outcome=outcome)
 
 
-@app.task(name="control.sweep", queue="control", time_limit=120)
+@app.task(name="control.sweep", time_limit=120)
 def sweep() -> None:
     ended = calls_sweep()
     if any(ended.values()):

@@ -14,7 +14,6 @@ logger = structlog.get_logger(__name__)
 
 @app.task(
     name="control.webhooks.deliver",
-    queue="control",
     acks_late=True,
     # Only the database being unreachable retries here; HTTP outcomes are scheduled by the
     # delivery row itself (backoff, lease, sweep), never by Celery's retry.
@@ -28,7 +27,7 @@ def deliver(delivery_id: int) -> None:
     logger.info("webhook delivery attempt", delivery=delivery_id, outcome=outcome)
 
 
-@app.task(name="control.webhooks.sweep", queue="control", time_limit=120)
+@app.task(name="control.webhooks.sweep", time_limit=120)
 def sweep() -> None:
     queued = deliveries_sweep()
     if queued:
