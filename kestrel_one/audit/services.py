@@ -124,8 +124,9 @@ def _chain_after_commit(organization) -> None:
         if not _sql(_TRY_LOCK_SQL, [_CHAINING, organization.pk]):
             return
         try:
-            # Writers keep committing while this chains: go on while each round finds some.
-            while audit_chain_settle(organization) and time.monotonic() < deadline:
+            # Go on while other writers keep committing: a round that found more than one
+            # record found someone else's. A lone writer stops after its own, unpaused.
+            while audit_chain_settle(organization) > 1 and time.monotonic() < deadline:
                 time.sleep(CHAINING_GATHER_SECONDS)
         finally:
             _sql(_UNLOCK_SQL, [_CHAINING, organization.pk])
