@@ -163,7 +163,7 @@ def record_figures(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
     name = f"kestrel_bench_records_{uuid.uuid4().hex[:8]}"
     with governed.scratch_database(ADMIN_DATABASE_URL, name) as url:
         records.setup_django(url)
-        print("list endpoints: seeding 1,000 then 100,000 rows ...", flush=True)
+        print("list endpoints: organizations of 1,000 and 100,000 rows ...", flush=True)
         lists = records.list_endpoints(sizes, repeats)
         print(f"audit appends: 1 then 4 writers for {append_seconds:.0f} s each ...", flush=True)
         audit = records.audit_figures(append_seconds)
@@ -220,7 +220,6 @@ def record_figures(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
             }
             for endpoint, by_size in lists["endpoints"].items()
         },
-        "audit_list_endpoint": lists["audit_endpoint"],
         "audit": audit,
     }
     return figures, details
