@@ -18,7 +18,7 @@ import requests
 from tests.support import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKER = "redis://127.0.0.1:6379/10"
+BROKER = os.environ.get("TEST_E2E_REDIS_URL", "redis://127.0.0.1:6379/10")  # flushed
 pytestmark = pytest.mark.docker
 
 POLICY = {

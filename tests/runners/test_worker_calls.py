@@ -58,7 +58,7 @@ from tests.runners.test_protocol import (
 
 pytestmark = pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")
 
-STATE_URL = "redis://127.0.0.1:6379/14"
+STATE_URL = os.environ.get("TEST_RUNNER_REDIS_URL", "redis://127.0.0.1:6379/14")  # flushed
 RUNNER_ID = "run_01JWORKERTEST"
 PROJECT = "prj_01JPRJ"
 

@@ -41,7 +41,7 @@ from runners.sandbox.docker import LABEL_PREFIX
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")]
 
 REPO = Path(__file__).resolve().parents[2]
-BROKER_URL = "redis://127.0.0.1:6379/14"
+BROKER_URL = os.environ.get("TEST_RUNNER_REDIS_URL", "redis://127.0.0.1:6379/14")  # flushed
 MAX_CALL_SECONDS = 20  # visibility timeout 80 s: a killed worker's calls come back quickly
 PROJECT = "prj_01JPROCESS"
 LIMITS = {"timeout_s": 15, "memory_mb": 128, "cpus": 1, "pids": 64, "output_kb": 64}
