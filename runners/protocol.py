@@ -22,7 +22,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -350,24 +350,18 @@ def verify_command(
     tool against the registry and the arguments against its schema. Anything else raises
     ``CommandRefused``. Single use of ``jti`` is the caller's job (it needs shared state).
     """
-    header, claims = _verified_parts(
-        token, control_public_key, refused=CommandRefused, typ=COMMAND_TYP
+    claims = _verified_control_plane_claims(
+        token,
+        control_public_key,
+        pool=pool,
+        now=now,
+        typ=COMMAND_TYP,
+        claim_set=COMMAND_CLAIMS,
+        check_types=_check_command_claim_types,
+        max_lifetime=MAX_COMMAND_LIFETIME_SECONDS,
+        refused=CommandRefused,
+        what="command",
     )
-    if header.get("kid") != CONTROL_KID:
-        raise CommandRefused("malformed", f"header kid must be {CONTROL_KID!r}")
-    _require_claim_set(claims, COMMAND_CLAIMS, CommandRefused)
-    _check_command_claim_types(claims)
-    if claims["iss"] != COMMAND_ISSUER:
-        raise CommandRefused("malformed", f"iss must be {COMMAND_ISSUER!r}")
-    if claims["aud"] != command_audience(pool):
-        raise CommandRefused(
-            "wrong_audience", f"command is for {claims['aud']!r}, not {command_audience(pool)!r}"
-        )
-    if claims["exp"] - claims["iat"] > MAX_COMMAND_LIFETIME_SECONDS:
-        raise CommandRefused(
-            "malformed", f"a command may live at most {MAX_COMMAND_LIFETIME_SECONDS} s"
-        )
-    _check_time_window(claims, now, CommandRefused)
     if digest(claims["args"]) != claims["args_digest"]:
         raise CommandRefused("digest_mismatch", "args_digest does not match the arguments")
     try:
@@ -409,6 +403,59 @@ def _check_limits(limits: Any) -> None:
         _require(number_ok and value > 0, f"limits.{name}", f"{kind} > 0")
         minimum = _LIMIT_MINIMUMS.get(name)
         _require(minimum is None or value >= minimum, f"limits.{name}", f"at least {minimum}")
+
+
+def _check_control_claim_types(claims: Mapping[str, Any]) -> None:
+    for name in ("iat", "nbf", "exp"):
+        _require(
+            _is_int(claims[name]) and claims[name] >= 0,
+            name,
+            "a whole number of seconds",
+            ControlRefused,
+        )
+    for name in ("iss", "aud", "type"):
+        _require(_is_text(claims[name]), name, "a string", ControlRefused)
+    for name in ("jti", "org", "env", "prj", "thr"):
+        _require(
+            _is_public_id(claims[name]),
+            name,
+            "a public id (letters, digits, '_', '-')",
+            ControlRefused,
+        )
+
+
+def _verified_control_plane_claims(
+    token: Any,
+    public_key: bytes | str | Ed25519PublicKey,
+    *,
+    pool: str,
+    now: float | None,
+    typ: str,
+    claim_set: frozenset[str],
+    check_types: Callable[[Mapping[str, Any]], None],
+    max_lifetime: int,
+    refused: type[ProtocolError],
+    what: str,
+) -> dict[str, Any]:
+    """The claims of a token the control plane signed for ``pool``'s runners (a command or
+    a control message), after the checks both share, in this order: EdDSA and the
+    signature, the header (``typ``, kid ``control``), the exact claim set and each claim's
+    type, the issuer, the audience, the lifetime and the time window."""
+    header, claims = _verified_parts(token, public_key, refused=refused, typ=typ)
+    if header.get("kid") != CONTROL_KID:
+        raise refused("malformed", f"header kid must be {CONTROL_KID!r}")
+    _require_claim_set(claims, claim_set, refused)
+    check_types(claims)
+    if claims["iss"] != COMMAND_ISSUER:
+        raise refused("malformed", f"iss must be {COMMAND_ISSUER!r}")
+    if claims["aud"] != command_audience(pool):
+        raise refused(
+            "wrong_audience", f"{what} is for {claims['aud']!r}, not {command_audience(pool)!r}"
+        )
+    if claims["exp"] - claims["iat"] > max_lifetime:
+        raise refused("malformed", f"a {what} may live at most {max_lifetime} s")
+    _check_time_window(claims, now, refused)
+    return claims
 
 
 # --- control messages ------------------------------------------------------------------
@@ -473,34 +520,18 @@ def verify_control_message(
     knows. Anything else raises ``ControlRefused``. A replay within the lifetime repeats an
     idempotent notice (the thread stays ended), so there is no single-use check.
     """
-    header, claims = _verified_parts(
-        token, control_public_key, refused=ControlRefused, typ=CONTROL_TYP
+    claims = _verified_control_plane_claims(
+        token,
+        control_public_key,
+        pool=pool,
+        now=now,
+        typ=CONTROL_TYP,
+        claim_set=CONTROL_CLAIMS,
+        check_types=_check_control_claim_types,
+        max_lifetime=MAX_CONTROL_LIFETIME_SECONDS,
+        refused=ControlRefused,
+        what="control message",
     )
-    if header.get("kid") != CONTROL_KID:
-        raise ControlRefused("malformed", f"header kid must be {CONTROL_KID!r}")
-    _require_claim_set(claims, CONTROL_CLAIMS, ControlRefused)
-
-    def require(ok: bool, name: str, expected: str) -> None:
-        if not ok:
-            raise ControlRefused("malformed", f"claim {name!r} must be {expected}")
-
-    for name in ("iat", "nbf", "exp"):
-        require(_is_int(claims[name]) and claims[name] >= 0, name, "a whole number of seconds")
-    for name in ("iss", "aud", "type"):
-        require(_is_text(claims[name]), name, "a string")
-    for name in ("jti", "org", "env", "prj", "thr"):
-        require(_is_public_id(claims[name]), name, "a public id (letters, digits, '_', '-')")
-    if claims["iss"] != COMMAND_ISSUER:
-        raise ControlRefused("malformed", f"iss must be {COMMAND_ISSUER!r}")
-    if claims["aud"] != command_audience(pool):
-        raise ControlRefused(
-            "wrong_audience", f"message is for {claims['aud']!r}, not {command_audience(pool)!r}"
-        )
-    if claims["exp"] - claims["iat"] > MAX_CONTROL_LIFETIME_SECONDS:
-        raise ControlRefused(
-            "malformed", f"a control message may live at most {MAX_CONTROL_LIFETIME_SECONDS} s"
-        )
-    _check_time_window(claims, now, ControlRefused)
     if claims["type"] not in CONTROL_TYPES:
         raise ControlRefused("unknown_type", f"unknown control message type {claims['type']!r}")
     return ControlMessage(**claims)
@@ -747,9 +778,11 @@ def _check_time_window(
         raise refused("not_yet_valid", "the token is not valid yet (iat/nbf in the future)")
 
 
-def _require(ok: bool, name: str, expected: str) -> None:
+def _require(
+    ok: bool, name: str, expected: str, refused: type[ProtocolError] = CommandRefused
+) -> None:
     if not ok:
-        raise CommandRefused("malformed", f"claim {name!r} must be {expected}")
+        raise refused("malformed", f"claim {name!r} must be {expected}")
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
