@@ -16,10 +16,22 @@ from pathlib import Path
 
 import docker
 import pytest
+import redis
 
 from runners.sandbox import BubblewrapBackend, DockerBackend, SandboxUnavailable
 from runners.sandbox.docker import MANAGED_LABEL
 from runners.workspace import workspace_for
+from tests.runners.support import RUNNER_REDIS_URL
+
+
+@pytest.fixture
+def runner_redis() -> Iterator[redis.Redis]:
+    """The runner tests' Redis database, empty before and after the test."""
+    client = redis.Redis.from_url(RUNNER_REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
 
 
 @pytest.fixture

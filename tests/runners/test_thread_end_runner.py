@@ -38,12 +38,12 @@ from runners.sandbox.warm import WARM_LABEL, _running_execs
 from runners.tools import execute
 from runners.worker import Disposition, Runner, WarmBackendChooser
 from runners.workspace import workspace_for
+from tests.runners.support import RUNNER_REDIS_URL, runner_config
 from tests.support import stop
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2")]
 
 # Not the DB the other runner tests use (14): these tests flush theirs.
-STATE_URL = "redis://127.0.0.1:6379/13"
 POOL = "endpool"
 LIMITS = ExecLimits(timeout_s=30, memory_mb=96, cpus=0.5, pids=40, output_kb=64, tmp_mb=8)
 CONTROL_KEY = generate_private_key_pem()
@@ -52,12 +52,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def state_client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(STATE_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def state_client(runner_redis: redis.Redis) -> redis.Redis:
+    return runner_redis
 
 
 @pytest.fixture
@@ -88,21 +84,13 @@ def workspace(workspace_root, project):
 
 @pytest.fixture
 def config(tmp_path, workspace_root, runner_id) -> RunnerConfig:
-    key_file = tmp_path / "runner.pem"
-    key_file.write_bytes(generate_private_key_pem())
-    key_file.chmod(0o600)
-    control_file = tmp_path / "control.pub"
-    control_file.write_bytes(CONTROL_PUBLIC)
-    return RunnerConfig(
+    return runner_config(
+        tmp_path,
         runner_id=runner_id,
         pool=POOL,
-        key_file=key_file,
-        control_public_key_file=control_file,
-        broker_url=STATE_URL,
-        state_url=STATE_URL,
+        runner_key=generate_private_key_pem(),
+        control_public_key=CONTROL_PUBLIC,
         workspace_root=workspace_root,
-        sandbox="docker",
-        max_call_seconds=20,
     )
 
 
@@ -301,7 +289,7 @@ def start_worker(tmp_path: Path, workspace_root: Path, name: str) -> tuple[subpr
         "KESTREL_RUNNER_POOL": POOL,
         "KESTREL_RUNNER_KEY_FILE": str(key_file),
         "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_file),
-        "KESTREL_BROKER_URL": STATE_URL,
+        "KESTREL_BROKER_URL": RUNNER_REDIS_URL,
         "KESTREL_WORKSPACE_ROOT": str(workspace_root),
         "KESTREL_SANDBOX": "docker",
         "KESTREL_MAX_CALL_SECONDS": "20",
@@ -333,7 +321,7 @@ def test_every_runner_host_of_the_pool_removes_the_thread_on_one_broadcast(
 ):
     workers = [start_worker(tmp_path, workspace_root, name) for name in ("hosta", "hostb")]
     logs = [log for _, log in workers]
-    app = Celery("fake-control", broker=STATE_URL, set_as_current=False)
+    app = Celery("fake-control", broker=RUNNER_REDIS_URL, set_as_current=False)
     app.conf.update(task_serializer="json", accept_content=["json"])
     exchange = Exchange(control_exchange(POOL), type="fanout")
 

@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from runners.sandbox import (
     SandboxUnavailable,
 )
 from runners.worker import PROCESS_TOOLS, Disposition, Runner
+from tests.runners.support import runner_config
 from tests.runners.test_protocol import (
     CONTROL_KEY,
     CONTROL_PUBLIC,
@@ -58,18 +58,13 @@ from tests.runners.test_protocol import (
 
 pytestmark = pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")
 
-STATE_URL = os.environ.get("TEST_RUNNER_REDIS_URL", "redis://127.0.0.1:6379/14")  # flushed
 RUNNER_ID = "run_01JWORKERTEST"
 PROJECT = "prj_01JPRJ"
 
 
 @pytest.fixture
-def state_client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(STATE_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def state_client(runner_redis: redis.Redis) -> redis.Redis:
+    return runner_redis
 
 
 @pytest.fixture
@@ -79,21 +74,13 @@ def runner_key() -> bytes:
 
 @pytest.fixture
 def config(tmp_path: Path, workspace_root: Path, runner_key: bytes) -> RunnerConfig:
-    key_file = tmp_path / "runner.pem"
-    key_file.write_bytes(runner_key)
-    key_file.chmod(0o600)
-    control_file = tmp_path / "control.pub"
-    control_file.write_bytes(CONTROL_PUBLIC)
-    return RunnerConfig(
+    return runner_config(
+        tmp_path,
         runner_id=RUNNER_ID,
         pool=POOL,
-        key_file=key_file,
-        control_public_key_file=control_file,
-        broker_url=STATE_URL,
-        state_url=STATE_URL,
+        runner_key=runner_key,
+        control_public_key=CONTROL_PUBLIC,
         workspace_root=workspace_root,
-        sandbox="docker",
-        max_call_seconds=20,
     )
 
 

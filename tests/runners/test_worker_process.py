@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,11 @@ from runners.protocol import (
     verify_result,
 )
 from runners.sandbox.docker import LABEL_PREFIX
+from tests.runners.support import RUNNER_REDIS_URL
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")]
 
 REPO = Path(__file__).resolve().parents[2]
-BROKER_URL = os.environ.get("TEST_RUNNER_REDIS_URL", "redis://127.0.0.1:6379/14")  # flushed
 MAX_CALL_SECONDS = 20  # visibility timeout 80 s: a killed worker's calls come back quickly
 PROJECT = "prj_01JPROCESS"
 LIMITS = {"timeout_s": 15, "memory_mb": 128, "cpus": 1, "pids": 64, "output_kb": 64}
@@ -95,9 +95,9 @@ class FakeControl:
         self.runner_public = runner_public
         self.runner_id = runner_id
         self.pool = pool
-        self.app = Celery("fake-control", broker=BROKER_URL, set_as_current=False)
+        self.app = Celery("fake-control", broker=RUNNER_REDIS_URL, set_as_current=False)
         self.app.conf.update(task_serializer="json", accept_content=["json"])
-        self.connection = Connection(BROKER_URL)
+        self.connection = Connection(RUNNER_REDIS_URL)
         self.inbox = self.connection.SimpleQueue("control")
         self.reports: list[RunnerReport] = []
 
@@ -191,12 +191,8 @@ def wait_for(
 
 
 @pytest.fixture
-def broker() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(BROKER_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def broker(runner_redis: redis.Redis) -> redis.Redis:
+    return runner_redis
 
 
 @pytest.fixture
@@ -217,7 +213,7 @@ def runner_setup(tmp_path: Path, workspace_root: Path, docker_backend, broker):
         "KESTREL_RUNNER_POOL": pool,
         "KESTREL_RUNNER_KEY_FILE": str(runner_key_file),
         "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_public_file),
-        "KESTREL_BROKER_URL": BROKER_URL,
+        "KESTREL_BROKER_URL": RUNNER_REDIS_URL,
         "KESTREL_WORKSPACE_ROOT": str(workspace_root),
         "KESTREL_SANDBOX": "docker",
         "KESTREL_MAX_CALL_SECONDS": str(MAX_CALL_SECONDS),
