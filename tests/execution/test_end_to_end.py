@@ -6,29 +6,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-import redis
-from django.conf import settings
 from django.db import connection
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.execution.enrollment import runner_enroll
-from kestrel_one.execution.keys import control_public_key_pem
-from kestrel_one.execution.local import control_worker_argv
 from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.services import thread_create
-from runners.protocol import generate_private_key_pem, public_key_pem
-from tests.support import stop
+from runners.protocol import public_key_pem
+from tests.execution.workers import real_workers
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNNER_ID = "run_E2ETESTRUNNER0000000000000"
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
@@ -43,73 +35,23 @@ E2E_POLICY = {
 
 
 @pytest.fixture(scope="module")
-def runner_files(tmp_path_factory, docker_backend):
-    base = tmp_path_factory.mktemp("runner")
-    key = base / "runner.key"
-    key.write_bytes(generate_private_key_pem())
-    key.chmod(0o600)
-    control = base / "control.pub"
-    control.write_text(control_public_key_pem())
-    workspaces = base / "workspaces"
-    workspaces.mkdir()
-    return {"key": key, "control": control, "workspaces": workspaces}
-
-
-@pytest.fixture(scope="module")
-def workers(django_db_setup, django_db_blocker, runner_files):
+def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend):
     """A runner worker and a control worker, both real Celery processes on the real broker."""
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete("runner.default", "control")
     with django_db_blocker.unblock():
         database = connection.settings_dict
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
-    runner_env = {
-        **base_env,
-        "KESTREL_RUNNER_ID": RUNNER_ID,
-        "KESTREL_RUNNER_POOL": "default",
-        "KESTREL_RUNNER_KEY_FILE": str(runner_files["key"]),
-        "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(runner_files["control"]),
-        "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
-        "KESTREL_WORKSPACE_ROOT": str(runner_files["workspaces"]),
-        "KESTREL_SANDBOX": "docker",
-        "KESTREL_MAX_CALL_SECONDS": "60",
-    }
-    control_env = {
-        **base_env,
-        "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
-        "TEST_DATABASE_URL": (
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
-        ),
-        "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
-        "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
-    }
-    logs = runner_files["workspaces"].parent
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
-        cwd=ROOT,
-        env=runner_env,
-        stdout=open(logs / "runner.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    control = subprocess.Popen(
-        control_worker_argv(concurrency=1),
-        cwd=ROOT,
-        env=control_env,
-        stdout=open(logs / "control.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    yield {"logs": logs}
-    stop(runner)
-    stop(control)
+    with real_workers(
+        tmp_path_factory.mktemp("runner"), runner_id=RUNNER_ID, database=database
+    ) as files:
+        yield files
 
 
 @pytest.fixture
-def e2e(workers, runner_files, world):
+def e2e(workers, world):
     system = system_principal("tests")
     runner = runner_enroll(
         actor=system,
         pool="default",
-        public_key_pem=public_key_pem(runner_files["key"].read_bytes()).decode(),
+        public_key_pem=public_key_pem(workers["key"].read_bytes()).decode(),
     )
     Runner.objects.filter(pk=runner.pk).update(public_id=RUNNER_ID)
     environment = environment_create(actor=system, organization=world.org, name="e2e")
@@ -122,7 +64,7 @@ def e2e(workers, runner_files, world):
     return {
         "thread": thread,
         "actor": Principal(PrincipalKind.TOKEN, user=owner.user, token=owner.token),
-        "workspace": runner_files["workspaces"] / project.public_id,
+        "workspace": workers["workspaces"] / project.public_id,
         "logs": workers["logs"],
     }
 

@@ -4,34 +4,25 @@ the runner removing the thread's warm container once that call has been recorded
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import docker
 import pytest
-import redis
-from django.conf import settings
 from django.db import connection
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.execution.enrollment import runner_enroll
-from kestrel_one.execution.keys import control_public_key_pem
-from kestrel_one.execution.local import control_worker_argv
 from kestrel_one.execution.models import Action, ActionState, Runner
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import thread_create
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.protocol import public_key_pem
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.sandbox.warm import WARM_LABEL
-from tests.support import stop
+from tests.execution.workers import real_workers
 
-ROOT = Path(__file__).resolve().parents[2]
 # Its own runner id: another suite's runner starting up removes idle warm containers of its
 # id, which must never be what makes this test pass.
 RUNNER_ID = f"run_E2EEND{uuid.uuid4().hex[:16].upper()}"
@@ -42,54 +33,12 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 @pytest.fixture(scope="module")
 def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend):
     """A runner worker and a control worker, both real Celery processes on the real broker."""
-    base = tmp_path_factory.mktemp("thread-end")
-    key = base / "runner.key"
-    key.write_bytes(generate_private_key_pem())
-    key.chmod(0o600)
-    control_public = base / "control.pub"
-    control_public.write_text(control_public_key_pem())
-    workspaces = base / "workspaces"
-    workspaces.mkdir()
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("runner.default", "control")
     with django_db_blocker.unblock():
         database = connection.settings_dict
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
-    runner = subprocess.Popen(
-        [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
-        cwd=ROOT,
-        env={
-            **base_env,
-            "KESTREL_RUNNER_ID": RUNNER_ID,
-            "KESTREL_RUNNER_POOL": "default",
-            "KESTREL_RUNNER_KEY_FILE": str(key),
-            "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_public),
-            "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
-            "KESTREL_WORKSPACE_ROOT": str(workspaces),
-            "KESTREL_SANDBOX": "docker",
-            "KESTREL_MAX_CALL_SECONDS": "60",
-        },
-        stdout=(base / "runner.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    control = subprocess.Popen(
-        control_worker_argv(concurrency=1),
-        cwd=ROOT,
-        env={
-            **base_env,
-            "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
-            "TEST_DATABASE_URL": (
-                f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
-                f"{database['NAME']}"
-            ),
-            "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
-            "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
-        },
-        stdout=(base / "control.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    yield {"key": key, "logs": base}
-    stop(runner)
-    stop(control)
+    with real_workers(
+        tmp_path_factory.mktemp("thread-end"), runner_id=RUNNER_ID, database=database
+    ) as files:
+        yield files
 
 
 def logs(workers) -> str:

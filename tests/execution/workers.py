@@ -1,0 +1,77 @@
+"""Real worker processes for the end-to-end tests: a runner worker and a control worker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+from django.conf import settings
+
+from kestrel_one.execution.keys import control_public_key_pem
+from kestrel_one.execution.local import control_worker_argv
+from runners.protocol import generate_private_key_pem
+from tests.support import stop
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict[str, Path]]:
+    """A runner worker (pool ``default``, Docker sandbox) and a control worker, both real
+    Celery processes on the test broker, with their key files, workspaces and logs under
+    ``base``. Yields ``key``, ``control``, ``workspaces`` and ``logs`` (the folder)."""
+    files = {
+        "key": base / "runner.key",
+        "control": base / "control.pub",
+        "workspaces": base / "workspaces",
+        "logs": base,
+    }
+    files["key"].write_bytes(generate_private_key_pem())
+    files["key"].chmod(0o600)
+    files["control"].write_text(control_public_key_pem())
+    files["workspaces"].mkdir()
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("runner.default", "control")
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
+        cwd=ROOT,
+        env={
+            **base_env,
+            "KESTREL_RUNNER_ID": runner_id,
+            "KESTREL_RUNNER_POOL": "default",
+            "KESTREL_RUNNER_KEY_FILE": str(files["key"]),
+            "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(files["control"]),
+            "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
+            "KESTREL_WORKSPACE_ROOT": str(files["workspaces"]),
+            "KESTREL_SANDBOX": "docker",
+            "KESTREL_MAX_CALL_SECONDS": "60",
+        },
+        stdout=(base / "runner.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    control = subprocess.Popen(
+        control_worker_argv(concurrency=1),
+        cwd=ROOT,
+        env={
+            **base_env,
+            "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
+            "TEST_DATABASE_URL": (
+                f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
+                f"{database['NAME']}"
+            ),
+            "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
+            "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
+        },
+        stdout=(base / "control.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield files
+    finally:
+        stop(runner)
+        stop(control)
