@@ -1,63 +1,98 @@
-"""Warm Docker sandboxes: one long-lived container per thread, commands run in it by ``exec``.
+"""Warm Docker sandboxes: one long-lived container per thread, its commands run by an agent.
 
 Agents make many small calls in a row, and starting a container costs more than the command.
 So the first process-tool call of a thread starts a container that stays up, and the thread's
-later calls run in it with ``docker exec``. What makes that as safe as a fresh container:
+later calls run in it. PID 1 of that container is a small agent (``runners.sandbox.agent``)
+that runs each command on the runner's request, over a Unix socket in a per-container bind
+mount. ``docker exec`` did this before; it cost the engine about 60 ms of CPU per call, more
+than all the rest of a warm call (docs/performance.md). What makes a warm call as safe as a
+fresh container:
 
 - **Same confinement.** The container is created with ``DockerBackend.container_options``
   (no network, read-only root, all capabilities dropped, no-new-privileges, non-root user,
   pids/memory/CPU limits, private IPC, bounded ``noexec`` tmpfs at /tmp, only the workspace
-  mounted), so ``docker inspect`` shows the same hardening. Limits belong to a container, not
-  to an exec, so the container takes the command's limits and a call asking for different
-  limits gets a new container (the old one is removed). Exec processes inherit all of it.
+  mounted), so ``docker inspect`` shows the same hardening. The one addition is the agent's
+  socket directory at ``/run/kestrel-agent``; once the socket is up, a runner running as
+  root hands that directory to root (mode 0700), so commands cannot even look into it.
+  Limits belong to a container, so the container takes the command's limits and a call
+  asking for different limits gets a new container (the old one is removed). Every command
+  is a child of PID 1 and inherits all of it, as an exec did.
+- **Only the runner is obeyed.** The agent answers a peer outside the container only (pid 0
+  seen from inside) that presents the container's key, a random secret the runner puts in
+  PID 1's environment. The agent is non-dumpable, so a command (same uid, no capabilities)
+  can neither trace it nor read its environment. The runner, in turn, talks only to the
+  container's own PID 1: it checks the socket's peer pid against the engine's ``State.Pid``,
+  so a socket swapped by anything else is never used.
 - **One thread, one container.** Containers are keyed by (project, thread) and never handed
   to another thread, nor to two calls at once: a call of a thread whose container is busy
   runs in a fresh container instead. Calls without a thread always run fresh.
-- **Probed when started.** A new container is probed (RUN-5) through an exec before its
+- **Probed when started.** A new container is probed (RUN-5) through the agent before its
   first command; a failed probe removes it and fails the call (``SandboxUnavailable``). Its
   mounts and privileges are fixed at creation and a command inside cannot change them, so a
-  container that passed stays as it was probed. A container found dead is removed and the
-  call fails or gets a new, probed container; nothing ever runs outside a sandbox.
-- **Per-call TMPDIR.** Each exec runs under a small wrapper that makes a fresh, empty
-  directory ``/tmp/kestrel-<call>-<random>`` (mode 0700) in the tmpfs, exports it as
-  TMPDIR, runs the command as a child, then removes it and empties /tmp and /dev/shm.
-- **Nothing outlives its call.** PID 1 is a tiny ``sh`` loop that only reaps orphans and keeps
-  the container up. When the command ends, the wrapper sends SIGKILL to every process it may
-  signal (``kill -9 -1``: everything in the container except PID 1, which ignores signals from
-  inside its namespace, and the wrapper itself), so background children die with the call as
-  they would with a fresh container. On timeout the whole container is killed and dropped
-  from the pool: the exec's tree dies with the PID namespace (``timed_out``, exit 137).
+  container that passed stays as it was probed. A container found dead, or whose agent does
+  not answer as itself, is removed and the call fails or gets a new, probed container;
+  nothing ever runs outside a sandbox.
+- **Per-call TMPDIR.** The agent makes a fresh, empty directory ``/tmp/kestrel-<call>-<random>``
+  (mode 0700) in the tmpfs for each command, exports it as TMPDIR, and empties /tmp and
+  /dev/shm after it. A command gets exactly the environment of its call: neither the
+  agent's nor an earlier call's.
+- **Nothing outlives its call.** When the command exits, the agent SIGKILLs every other
+  process in the container (``kill(-1)`` from PID 1) and reaps them, so background children
+  die with the call as they would with a fresh container. The same happens when the runner's
+  connection drops (a worker that dies mid-call leaves nothing running). On timeout the
+  agent kills the tree, and the runner removes the whole container and drops it from the
+  pool (``timed_out``, exit 137); if the agent itself stops answering, the runner's own
+  deadline removes the container.
 - **Bounded.** Idle containers are removed after ``idle_seconds``; at most ``max_containers``
   warm containers exist on the engine for this runner (counted on the engine, so every worker
   process of the host shares the cap); past it the least recently used idle one of this
   process goes, or, if none can, the call runs in a fresh container. At runner start
   ``remove_idle_warm_containers`` clears what a previous runner process left.
+- **Busy is a lock on the host.** Each container has a host-side directory (its
+  ``agent-dir`` label) holding the socket directory, a ``lock`` file and a ``call`` file. A
+  process holds an exclusive ``flock`` on ``lock`` for as long as it uses the container and
+  writes the call id in ``call``; the kernel drops the lock if the process dies. Other
+  processes remove a container only while holding its lock themselves.
 - **Ended threads.** ``end_thread`` drops a thread's container from this process (removed now
   if idle, at check-in if busy). Each worker process keeps its own pool, so a runner told that
   a thread ended also removes the thread's idle containers of every process on the engine
   (``remove_idle_thread_containers``), and the optional ``thread_ended`` predicate (shared
   state) tells every process: a call of an ended thread never goes warm, and a busy container
-  of an ended thread is removed when its call checks in.
-
-The container's PID 1 is the reaper loop rather than docker-init (``init=False``): docker-init
-exits when its one child dies, and the end-of-call ``kill -9 -1`` must not end the container.
+  of an ended thread is removed when its call checks in. A process checks the predicate after
+  taking the container's lock and before sending the command; the remover marks the thread
+  ended before it looks, and takes the lock to remove. So either the call sees the mark, or
+  the remover sees the container busy and leaves it to the call.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import fcntl
+import json
 import logging
+import os
+import re
 import secrets
+import shutil
+import socket
+import stat
+import struct
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import docker.errors
+import docker.types
 import requests.exceptions
 
+from runners.sandbox import agent
 from runners.sandbox.base import (
+    SANDBOX_PATH,
     SANDBOX_TMP,
     ExecLimits,
     ExecResult,
@@ -69,50 +104,42 @@ from runners.sandbox.base import (
     SandboxUnavailable,
     probe_with,
 )
-from runners.sandbox.docker import (
-    _KILL_GRACE_S,
-    LABEL_PREFIX,
-    DockerBackend,
-    _demultiplex,
-    _without_timeout,
-)
+from runners.sandbox.docker import _KILL_GRACE_S, LABEL_PREFIX, DockerBackend
 from runners.workspace import workspace_owner
 
 __all__ = [
+    "AGENT_DIR_LABEL",
     "WARM_LABEL",
     "WarmDockerBackend",
     "WarmSandbox",
+    "containers_running_call",
     "remove_idle_thread_containers",
     "remove_idle_warm_containers",
+    "warm_container_busy",
 ]
 
 WARM_LABEL = f"{LABEL_PREFIX}warm"
+AGENT_DIR_LABEL = f"{LABEL_PREFIX}agent-dir"
 DEFAULT_IDLE_SECONDS = 300.0
 DEFAULT_MAX_CONTAINERS = 16
+# Where each warm container's host-side directory is made (docs/runners.md).
+AGENT_ROOT_VARIABLE = "KESTREL_WARM_AGENT_DIR"
 
-# PID 1 of a warm container: keeps it up and reaps every orphan (dash's ``wait`` collects any
-# child, known job or not). PID 1 ignores signals from inside its PID namespace, so commands
-# cannot stop it; the runner removes the container from outside.
-KEEPER_ARGV = ("sh", "-c", "while :; do sleep 3600 & wait; done")
-
-# Wraps every exec: "$1" is the per-call TMPDIR, the rest the command's argv. The command
-# runs as a child so the wrapper can clean up after it; its exit status is passed through.
-EXEC_WRAPPER = """
-d="$1"; shift
-mkdir -m 700 -- "$d" || { echo "kestrel: cannot make TMPDIR" >&2; exit 125; }
-TMPDIR="$d" "$@"
-rc=$?
-kill -9 -1 2>/dev/null
-rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* /dev/shm/* 2>/dev/null
-exit $rc
-"""
+# Inside the container: where the agent's socket directory is mounted, and PID 1's argv.
+AGENT_MOUNT = "/run/kestrel-agent"
+AGENT_SOCKET = f"{AGENT_MOUNT}/agent.sock"
+AGENT_ARGV = ("python3", "-I", "-S", "-c", Path(agent.__file__).read_text(), AGENT_SOCKET)
+# How long a new container's agent may take to come up (Python's start, a loaded host).
+AGENT_START_SECONDS = 20.0
 
 # Container-level limits: a warm container serves a call only if these are equal.
 _CONTAINER_LIMITS = ("memory_mb", "cpus", "pids", "tmp_mb")
-# Exit status of the wrapper when it could not even make the call's TMPDIR.
-_WRAPPER_FAILED = 125
-_WRAPPER_MESSAGE = "kestrel: cannot make TMPDIR"
 _ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+_HEADER = struct.Struct(">I")
+_AGENT_DIR_NAME = re.compile(r"warm-[0-9a-f]{24}")
+# Host-side directories younger than this may belong to a container being created.
+_ORPHAN_AGE_SECONDS = 600
+_UCRED = struct.Struct("3i")
 
 log = logging.getLogger("kestrel.runner")
 
@@ -131,6 +158,9 @@ class WarmSandbox:
     workspace: str
     limits_key: tuple[Any, ...]
     last_used: float
+    agent_dir: Path
+    key: str
+    agent_pid: int = 0  # PID 1 of the container, as the host sees it
     busy: bool = False
     calls: int = 0
 
@@ -157,6 +187,8 @@ class WarmDockerBackend(SandboxBackend):
     # (project, thread) -> whether that thread ended; None: threads never end here. Asked
     # when a call of a thread starts and when it checks its container back in.
     thread_ended: Callable[[str, str], bool] | None = None
+    # Where each container's host-side directory goes; see ``agent_root_directory``.
+    agent_root: Path | None = None
     name: str = "docker"
     _sandboxes: dict[tuple[str, str], WarmSandbox] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -164,6 +196,8 @@ class WarmDockerBackend(SandboxBackend):
     def __post_init__(self) -> None:
         if self.idle_seconds <= 0 or self.max_containers < 0:
             raise ValueError("idle_seconds must be positive and max_containers not negative")
+        if self.agent_root is None:
+            self.agent_root = agent_root_directory()
 
     @property
     def client(self) -> Any:
@@ -185,7 +219,7 @@ class WarmDockerBackend(SandboxBackend):
                 return super().run_probed(spec)
             keep = False
             try:
-                result = self._exec(sandbox, spec)
+                result = self._call(sandbox, spec)
                 # A timed-out or OOM-killed call leaves a container in an unknown state.
                 keep = not (result.timed_out or result.oom_killed)
                 return result
@@ -232,7 +266,7 @@ class WarmDockerBackend(SandboxBackend):
                     return current
                 stale = self._sandboxes.pop(key)
         if stale is not None:
-            self._remove(stale.container_id)
+            self._remove(stale)
         if not self._make_room(spec.labels.get("runner")):
             return None
         sandbox = self._start(key, spec)
@@ -255,7 +289,7 @@ class WarmDockerBackend(SandboxBackend):
             if owned and not keep:
                 del self._sandboxes[key]
         if not keep or not owned:
-            self._remove(sandbox.container_id)
+            self._remove(sandbox)
 
     def _make_room(self, runner: str | None) -> bool:
         """Keep the runner under ``max_containers`` warm containers; False if it can't.
@@ -280,7 +314,7 @@ class WarmDockerBackend(SandboxBackend):
                     return False
                 key, oldest = min(idle, key=lambda item: item[1].last_used)
                 del self._sandboxes[key]
-            self._remove(oldest.container_id)
+            self._remove(oldest)
             excess -= 1
         return True
 
@@ -295,7 +329,7 @@ class WarmDockerBackend(SandboxBackend):
             ]
             gone = [self._sandboxes.pop(key) for key in expired]
         for sandbox in gone:
-            self._remove(sandbox.container_id)
+            self._remove(sandbox)
         return len(gone)
 
     def end_thread(self, project: str, thread: str) -> bool:
@@ -308,7 +342,7 @@ class WarmDockerBackend(SandboxBackend):
         if sandbox is None:
             return False
         if not sandbox.busy:
-            self._remove(sandbox.container_id)
+            self._remove(sandbox)
         return True
 
     def close(self) -> None:
@@ -317,7 +351,7 @@ class WarmDockerBackend(SandboxBackend):
             idle = [key for key, sandbox in self._sandboxes.items() if not sandbox.busy]
             gone = [self._sandboxes.pop(key) for key in idle]
         for sandbox in gone:
-            self._remove(sandbox.container_id)
+            self._remove(sandbox)
 
     def warm_containers(self) -> dict[tuple[str, str], str]:
         """(project, thread) -> container id, for tests and operators."""
@@ -327,30 +361,46 @@ class WarmDockerBackend(SandboxBackend):
     # --- containers -------------------------------------------------------------------
 
     def _start(self, key: tuple[str, str], spec: ExecSpec) -> WarmSandbox:
-        """Create, start and probe a container for ``spec``'s thread and limits."""
+        """Create and start a container whose PID 1 is the agent, then probe it."""
         project, thread = key
         labels = {"project": project, "thread": thread}
         if "runner" in spec.labels:
             labels["runner"] = spec.labels["runner"]
         keeper = ExecSpec(
-            argv=KEEPER_ARGV, workspace=spec.workspace, limits=spec.limits, labels=labels
+            argv=AGENT_ARGV, workspace=spec.workspace, limits=spec.limits, labels=labels
         )
-        options = self.docker.container_options(keeper)
-        options["labels"][WARM_LABEL] = "true"
-        options["init"] = False  # the keeper is PID 1; see the module docstring
-        options["working_dir"] = "/"
-        try:
-            container = self.client.containers.create(self.docker.image_id, **options)
-        except _ENGINE_ERRORS as error:
-            raise SandboxStartFailed(f"docker: cannot create the container: {error}") from None
         sandbox = WarmSandbox(
-            container_id=container.id,
+            container_id="",
             project=project,
             thread=thread,
             workspace=str(spec.workspace.resolve()),
             limits_key=_limits_key(spec.limits),
             last_used=self.clock(),
+            agent_dir=_make_agent_dir(self.agent_root),
+            key=secrets.token_urlsafe(32),
         )
+        options = self.docker.container_options(keeper)
+        options["labels"][WARM_LABEL] = "true"
+        options["labels"][AGENT_DIR_LABEL] = str(sandbox.agent_dir)
+        options["init"] = False  # the agent is PID 1: it reaps, and it kills after each call
+        options["working_dir"] = "/"
+        # No call's environment: the agent gives each command exactly its own.
+        options["environment"] = {
+            "PATH": SANDBOX_PATH,
+            "LANG": "C.UTF-8",
+            agent.KEY_VARIABLE: sandbox.key,
+        }
+        options["mounts"].append(
+            docker.types.Mount(
+                target=AGENT_MOUNT, source=str(sandbox.agent_dir / "socket"), type="bind"
+            )
+        )
+        try:
+            container = self.client.containers.create(self.docker.image_id, **options)
+        except _ENGINE_ERRORS as error:
+            shutil.rmtree(sandbox.agent_dir, ignore_errors=True)
+            raise SandboxStartFailed(f"docker: cannot create the container: {error}") from None
+        sandbox.container_id = container.id
         try:
             try:
                 container.start()
@@ -358,155 +408,173 @@ class WarmDockerBackend(SandboxBackend):
                 if self._ended(key):
                     raise _ThreadEnded from None  # removed by a thread end before it started
                 raise SandboxStartFailed(f"docker: cannot start the container: {error}") from None
+            sandbox.agent_pid = self._await_agent(sandbox)
             probe = probe_with(
-                self.name, lambda probe_spec: self._exec(sandbox, probe_spec), spec.workspace
+                self.name, lambda probe_spec: self._call(sandbox, probe_spec), spec.workspace
             )
             if not probe.ok:
                 raise SandboxUnavailable(f"{self.name} sandbox failed its probe: {probe.detail}")
         except BaseException:
-            self._remove(container.id)
+            self._remove(sandbox)
             raise
         return sandbox
 
-    def _exec(self, sandbox: WarmSandbox, spec: ExecSpec) -> ExecResult:
-        """Run ``spec`` in the container by exec, with a fresh TMPDIR; see the module docstring."""
-        uid, gid = workspace_owner()
-        call = spec.labels.get("call", "call")
-        tmpdir = f"{SANDBOX_TMP}/kestrel-{_safe(call)}-{secrets.token_hex(8)}"
-        api = self.client.api
+    def _await_agent(self, sandbox: WarmSandbox) -> int:
+        """The host pid of the container's PID 1, once the agent's socket is up."""
+        socket_dir = sandbox.agent_dir / "socket"
+        deadline = time.monotonic() + AGENT_START_SECONDS
+        next_look = time.monotonic() + 0.5
+        while not (socket_dir / "agent.sock").exists():
+            now = time.monotonic()
+            if now > deadline:
+                raise SandboxStartFailed("docker: the warm container's agent did not start")
+            if now > next_look:  # a container that already died will not bring it up
+                next_look = now + 0.5
+                if not self._state(sandbox).get("Running"):
+                    raise SandboxStartFailed(
+                        "docker: the warm container's agent exited at start (the tool image "
+                        "needs python3)"
+                    )
+            time.sleep(0.002)
+        state = self._state(sandbox)
+        if not state.get("Running") or not state.get("Pid"):
+            raise SandboxStartFailed("docker: the warm container stopped as it started")
+        if os.geteuid() == 0:
+            # The agent holds its listening socket; commands need not even see the directory.
+            os.chown(socket_dir, 0, 0)
+            os.chmod(socket_dir, 0o700)
+        return int(state["Pid"])
+
+    def _state(self, sandbox: WarmSandbox) -> dict[str, Any]:
+        try:
+            return self.client.api.inspect_container(sandbox.container_id)["State"]
+        except _ENGINE_ERRORS as error:
+            raise SandboxStartFailed(
+                f"docker: cannot inspect the warm container: {error}"
+            ) from None
+
+    def _call(self, sandbox: WarmSandbox, spec: ExecSpec) -> ExecResult:
+        """Run ``spec`` through the container's agent, holding the container's lock."""
         key = (sandbox.project, sandbox.thread)
-        try:
-            exec_id = api.exec_create(
-                sandbox.container_id,
-                ["sh", "-c", EXEC_WRAPPER, "kestrel-exec", tmpdir, *spec.argv],
-                stdout=True,
-                stderr=True,
-                stdin=False,
-                tty=False,
-                privileged=False,
-                user=f"{uid}:{gid}",
-                environment=spec.environment(),
-                workdir=spec.sandbox_cwd,
-            )["Id"]
-        except _ENGINE_ERRORS as error:
-            self._discard(sandbox)
+        call = spec.labels.get("call", "call")
+        with _container_lock(sandbox.agent_dir, wait=True):
+            # Asked under the lock: a thread end marks the thread ended *before* it looks
+            # for idle containers and removes only those whose lock it holds. So either this
+            # sees the mark (and the command never starts here), or the remover sees this
+            # container busy and leaves it to this call.
             if self._ended(key):
-                # Removed by a thread end (remove_idle_thread_containers); nothing ran.
-                raise _ThreadEnded from None
-            raise SandboxStartFailed(
-                f"docker: cannot exec in the warm container: {error}"
-            ) from None
-        # Asked between creating the exec and starting it. A thread end marks the thread
-        # ended *before* it looks for idle containers, and counts a created, unstarted exec
-        # as busy; so either this sees the mark (and the command never starts here), or the
-        # remover sees this exec and leaves the container to this call.
-        if self._ended(key):
+                self._discard(sandbox)
+                raise _ThreadEnded
+            call_file = sandbox.agent_dir / "call"
+            with contextlib.suppress(OSError):
+                call_file.write_text(call)
+            try:
+                answer = self._ask(sandbox, spec, call)
+            finally:
+                with contextlib.suppress(OSError):
+                    call_file.write_text("")
+        if answer is None:
+            # Not even the agent answered in time: the container and its tree go.
+            return ExecResult(
+                exit_code=137,
+                stdout="",
+                stderr="",
+                truncated=False,
+                duration_ms=int(self._deadline(spec) * 1000),
+                timed_out=True,
+                oom_killed=False,
+                sandbox=self.name,
+            )
+        if "error" in answer:
             self._discard(sandbox)
-            raise _ThreadEnded
-        try:
-            sock = api.exec_start(exec_id, socket=True)
-        except _ENGINE_ERRORS as error:
-            # Dead or gone container: it is not used again, and the call is not retried here.
-            self._discard(sandbox)
             raise SandboxStartFailed(
-                f"docker: cannot exec in the warm container: {error}"
-            ) from None
-        _without_timeout(sock)
+                f"docker: the warm container could not start the command: {answer['error']}"
+            )
         limit = spec.limits.output_kb * 1024
         stdout, stderr = OutputBuffer(limit), OutputBuffer(limit)
-        reader = threading.Thread(
-            target=_demultiplex, args=(sock, stdout, stderr), name="docker-exec-output", daemon=True
-        )
-        started = time.monotonic()
-        reader.start()
         try:
-            reader.join(spec.limits.timeout_s)
-            timed_out = reader.is_alive()
-            if timed_out:
-                # Killing PID 1 ends the PID namespace: the exec's whole tree goes with it.
-                self._discard(sandbox)
-                reader.join(_KILL_GRACE_S)
-            duration_ms = int((time.monotonic() - started) * 1000)
-        finally:
-            with contextlib.suppress(OSError):
-                sock.close()
-        if timed_out:
-            exit_code, oom_killed = 137, False
-        else:
-            exit_code = self._exit_code(sandbox, exec_id)
-            oom_killed = exit_code == 137 and self._oom_killed(sandbox)
-        if exit_code == _WRAPPER_FAILED and _WRAPPER_MESSAGE in stderr.text():
-            raise SandboxStartFailed(
-                "docker: could not make the call's TMPDIR in the warm container"
-            )
+            stdout.feed(base64.b64decode(answer["stdout"], validate=True))
+            stderr.feed(base64.b64decode(answer["stderr"], validate=True))
+            exit_code = int(answer["exit_code"])
+            timed_out = answer["timed_out"] is True
+            oom_killed = exit_code == 137 and int(answer["oom_kills"]) > 0
+            duration_ms = int(answer["duration_ms"])
+        except (KeyError, TypeError, ValueError):
+            self._discard(sandbox)
+            raise SandboxError(
+                "docker: the warm container's agent gave a malformed answer"
+            ) from None
         sandbox.calls += 1
         return ExecResult(
             exit_code=exit_code,
             stdout=stdout.text(),
             stderr=stderr.text(),
-            truncated=stdout.truncated or stderr.truncated,
+            truncated=bool(answer.get("truncated")) or stdout.truncated or stderr.truncated,
             duration_ms=duration_ms,
             timed_out=timed_out,
             oom_killed=oom_killed,
             sandbox=self.name,
         )
 
-    def _exit_code(self, sandbox: WarmSandbox, exec_id: str) -> int:
-        """The exec's exit status; the engine may need a moment after the stream ends."""
-        deadline = time.monotonic() + _KILL_GRACE_S
-        while True:
+    @staticmethod
+    def _deadline(spec: ExecSpec) -> float:
+        return spec.limits.timeout_s + _KILL_GRACE_S
+
+    def _ask(self, sandbox: WarmSandbox, spec: ExecSpec, call: str) -> dict[str, Any] | None:
+        """Send one command to the agent and read its answer; None if it never came."""
+        request = {
+            "key": sandbox.key,
+            "argv": list(spec.argv),
+            "env": spec.environment(),
+            "cwd": spec.sandbox_cwd,
+            "tmpdir": f"{SANDBOX_TMP}/kestrel-{_safe(call)}-{secrets.token_hex(8)}",
+            "timeout_s": spec.limits.timeout_s,
+            "output_limit": spec.limits.output_kb * 1024,
+        }
+        # Both streams at their cap, base64-encoded, and the JSON around them.
+        bound = 2 * (spec.limits.output_kb * 1024 * 4 // 3 + 4) + 4096
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with connection:
             try:
-                state = self.client.api.exec_inspect(exec_id)
-            except _ENGINE_ERRORS as error:
+                connection.settimeout(_KILL_GRACE_S)
+                connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
+                peer = _UCRED.unpack(
+                    connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+                )[0]
+                if peer != sandbox.agent_pid:
+                    raise ConnectionRefusedError(f"answered by pid {peer}, not the container's")
+                body = json.dumps(request).encode()
+                connection.sendall(_HEADER.pack(len(body)) + body)
+            except OSError as error:
+                self._discard(sandbox)
+                if self._ended((sandbox.project, sandbox.thread)):
+                    raise _ThreadEnded from None  # removed by a thread end; nothing ran
+                raise SandboxStartFailed(
+                    f"docker: cannot reach the warm container's agent: {error}"
+                ) from None
+            connection.settimeout(self._deadline(spec))
+            try:
+                size = _HEADER.unpack(_read_exactly(connection, _HEADER.size))[0]
+                if size > bound:
+                    raise ValueError(f"an answer of {size} bytes")
+                return json.loads(_read_exactly(connection, size))
+            except TimeoutError:
+                self._discard(sandbox)
+                return None
+            except (OSError, ValueError) as error:
+                # The agent died mid-call (its container was killed, or ran out of memory).
                 self._discard(sandbox)
                 raise SandboxError(f"docker: lost the warm container mid-call: {error}") from None
-            if not state.get("Running") and state.get("ExitCode") is not None:
-                return int(state["ExitCode"])
-            if time.monotonic() > deadline:
-                self._discard(sandbox)
-                raise SandboxError("docker: the exec never reported an exit status")
-            time.sleep(0.005)
-
-    def _oom_killed(self, sandbox: WarmSandbox) -> bool:
-        """Whether the container's memory cgroup killed something (a SIGKILL'd exec)."""
-        try:
-            container = self.client.containers.get(sandbox.container_id)
-        except _ENGINE_ERRORS:
-            return False
-        if container.attrs["State"].get("OOMKilled"):
-            return True
-        # cgroup v1 and v2 both count OOM kills where the container can read them.
-        probe = self.client.api.exec_create(
-            sandbox.container_id,
-            [
-                "sh",
-                "-c",
-                "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control "
-                "2>/dev/null",
-            ],
-            user="{}:{}".format(*workspace_owner()),
-        )
-        output = self.client.api.exec_start(probe["Id"]).decode(errors="replace")
-        for line in output.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "oom_kill" and value.strip().isdigit() and int(value) > 0:
-                return True
-        return False
 
     def _discard(self, sandbox: WarmSandbox) -> None:
         with self._lock:
             key = (sandbox.project, sandbox.thread)
             if self._sandboxes.get(key) is sandbox:
                 del self._sandboxes[key]
-        self._remove(sandbox.container_id)
+        self._remove(sandbox)
 
-    def _remove(self, container_id: str) -> None:
-        try:
-            self.client.api.remove_container(container_id, force=True)
-        except docker.errors.NotFound:
-            pass
-        except _ENGINE_ERRORS as error:
-            log.warning("could not remove warm container %s: %s", container_id[:12], error)
+    def _remove(self, sandbox: WarmSandbox) -> None:
+        _remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
 
 
 class _ThreadEnded(Exception):
@@ -524,17 +592,120 @@ def _safe(value: str) -> str:
     return "".join(c for c in value if c.isalnum() or c in "_-")[:64] or "call"
 
 
-def remove_idle_warm_containers(client: Any, *, runner_id: str | None = None) -> int:
-    """Remove warm containers not running a call (a previous runner process left them).
+def _read_exactly(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionResetError("the agent closed the connection")
+        data += chunk
+    return data
 
-    A warm container with a running exec is serving a call of a worker that died; it is
-    left to that call's recovery (``containers_running_call``), exactly like a fresh
-    container of a dead worker, so the recovery can still say what it removed.
+
+# --- host-side directories and locks --------------------------------------------------
+
+
+def agent_root_directory() -> Path:
+    """Where warm containers' host-side directories go: ``KESTREL_WARM_AGENT_DIR``, else
+    ``kestrel-warm-<uid>`` in the system's temporary directory. Made mode 0700; refused if
+    it is not a directory of this user's that only this user can enter."""
+    configured = os.environ.get(AGENT_ROOT_VARIABLE, "").strip()
+    root = Path(configured or Path(tempfile.gettempdir()) / f"kestrel-warm-{os.geteuid()}")
+    try:
+        root.mkdir(mode=0o700, parents=bool(configured), exist_ok=True)
+        info = os.lstat(root)
+    except OSError as error:
+        raise SandboxUnavailable(f"warm sandboxes: cannot make {root}: {error}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise SandboxUnavailable(
+            f"warm sandboxes: {root} must be a directory owned by this user with mode 0700 "
+            f"(set {AGENT_ROOT_VARIABLE} to use another)"
+        )
+    return root
+
+
+def _make_agent_dir(root: Path) -> Path:
+    """A new container's host-side directory: ``lock``, ``call`` and the socket directory
+    (handed to the sandbox's user, who runs the agent)."""
+    path = root / f"warm-{secrets.token_hex(12)}"
+    path.mkdir(mode=0o700)
+    for name in ("lock", "call"):
+        os.close(os.open(path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    socket_dir = path / "socket"
+    socket_dir.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(socket_dir, *workspace_owner())
+    return path
+
+
+def _agent_dir_of(container: Any) -> Path | None:
+    """The host-side directory a warm container's label names, if it is one of ours."""
+    label = (container.labels or {}).get(AGENT_DIR_LABEL, "")
+    path = Path(label)
+    if not path.is_absolute() or not _AGENT_DIR_NAME.fullmatch(path.name):
+        return None
+    return path
+
+
+@contextlib.contextmanager
+def _container_lock(agent_dir: Path | None, *, wait: bool) -> Iterator[bool]:
+    """Hold a warm container's lock while the block runs; yields False if another process
+    holds it (only when not ``wait``ing). A container without its directory has no user:
+    its lock counts as held."""
+    try:
+        fd = os.open(agent_dir / "lock", os.O_RDWR | os.O_NOFOLLOW) if agent_dir else -1
+    except OSError:
+        fd = -1
+    if fd < 0:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def warm_container_busy(container: Any) -> bool:
+    """Whether a worker process is using this warm container for a call right now."""
+    with _container_lock(_agent_dir_of(container), wait=False) as held:
+        return not held
+
+
+def _remove_container(client: Any, container_id: str, agent_dir: Path | None) -> None:
+    if container_id:
+        try:
+            client.api.remove_container(container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except _ENGINE_ERRORS as error:
+            log.warning("could not remove warm container %s: %s", container_id[:12], error)
+            return  # its directory stays while it may still run; runner start clears both
+    if agent_dir is not None:
+        shutil.rmtree(agent_dir, ignore_errors=True)
+
+
+# --- across worker processes ------------------------------------------------------------
+
+
+def remove_idle_warm_containers(client: Any, *, runner_id: str | None = None) -> int:
+    """Remove warm containers not serving a call (a previous runner process left them), and
+    host-side directories whose container is gone; how many containers went.
+
+    A container whose lock a live process holds is serving a call and is left alone. A
+    worker that died mid-call holds nothing any more, and its agent killed the command when
+    the connection dropped, so its container goes too; recovery then finds nothing to reap.
     """
     filters = [f"{WARM_LABEL}=true"]
     if runner_id is not None:
         filters.append(f"{LABEL_PREFIX}runner={runner_id}")
-    return _remove_idle(client, filters)
+    removed = _remove_idle(client, filters)
+    _remove_orphan_directories(client)
+    return removed
 
 
 def remove_idle_thread_containers(
@@ -543,12 +714,12 @@ def remove_idle_thread_containers(
     """Remove the idle warm containers of one thread, whichever worker process keeps them.
 
     Found by label (project, thread and, when given, runner), so only that thread's
-    containers of that runner are touched. A container with a running exec, or one created
-    and not yet started, is serving a call and is left alone: the process running it removes
-    it when the call checks in (it learns that the thread ended through
-    ``WarmDockerBackend.thread_ended``). Call this only after marking the thread ended: a
-    process about to use a container this removes then finds it gone or the thread ended
-    before its command starts, and runs the call in a fresh container instead.
+    containers of that runner are touched. A container whose lock another process holds is
+    serving a call and is left alone: the process running it removes it when the call
+    checks in (it learns that the thread ended through ``WarmDockerBackend.thread_ended``).
+    Call this only after marking the thread ended: a process about to use a container this
+    removes then finds the thread ended, under the container's lock, before its command
+    starts, and runs the call in a fresh container instead.
     """
     filters = [
         f"{WARM_LABEL}=true",
@@ -557,52 +728,62 @@ def remove_idle_thread_containers(
     ]
     if runner_id is not None:
         filters.append(f"{LABEL_PREFIX}runner={runner_id}")
-    return _remove_idle(client, filters, spare_pending=True)
+    return _remove_idle(client, filters)
 
 
-def _remove_idle(client: Any, filters: list[str], *, spare_pending: bool = False) -> int:
-    """Remove the containers with all these labels that run no exec; how many.
-
-    With ``spare_pending``, an exec created but not started counts as running.
-    """
+def _remove_idle(client: Any, filters: list[str]) -> int:
+    """Remove the containers with all these labels that no process is using; how many."""
     removed = 0
     for container in client.containers.list(
         all=True, filters={"label": filters}, ignore_removed=True
     ):
-        if container.status == "running" and _running_execs(
-            client, container, pending=spare_pending
-        ):
-            continue
-        with contextlib.suppress(docker.errors.NotFound):
-            container.remove(force=True)
+        agent_dir = _agent_dir_of(container)
+        with _container_lock(agent_dir, wait=False) as idle:
+            if container.status == "running" and not idle:
+                continue
+            _remove_container(client, container.id, agent_dir)
             removed += 1
     return removed
 
 
+def _remove_orphan_directories(client: Any) -> None:
+    """Host-side directories of containers that no longer exist (an engine that lost them,
+    a runner killed between the two removals). Young ones may belong to a container being
+    created right now by another process, so they stay."""
+    try:
+        root = agent_root_directory()
+    except SandboxUnavailable:
+        return
+    in_use = {
+        str(path)
+        for container in client.containers.list(
+            all=True, filters={"label": [f"{WARM_LABEL}=true"]}, ignore_removed=True
+        )
+        if (path := _agent_dir_of(container)) is not None
+    }
+    young = time.time() - _ORPHAN_AGE_SECONDS
+    for entry in root.iterdir():
+        if not _AGENT_DIR_NAME.fullmatch(entry.name) or str(entry) in in_use:
+            continue
+        with contextlib.suppress(OSError):
+            if entry.lstat().st_mtime < young:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
 def containers_running_call(client: Any, call_id: str) -> list[Any]:
-    """The warm containers whose running exec belongs to ``call_id`` (by its TMPDIR name)."""
-    marker = f"{SANDBOX_TMP}/kestrel-{_safe(call_id)}-"
+    """The warm containers serving ``call_id``, or left serving it by a worker that died
+    (by the ``call`` file of their host-side directory)."""
     found = []
     for container in client.containers.list(
         filters={"label": [f"{WARM_LABEL}=true"]}, ignore_removed=True
     ):
-        for process in _running_execs(client, container):
-            if any(str(arg).startswith(marker) for arg in process):
-                found.append(container)
-                break
-    return found
-
-
-def _running_execs(client: Any, container: Any, *, pending: bool = False) -> list[list[str]]:
-    """The argv of each exec still running in ``container`` (with ``pending``, also of
-    each exec created and not started yet: it has no exit code)."""
-    running = []
-    for exec_id in container.attrs.get("ExecIDs") or []:
-        try:
-            state = client.api.exec_inspect(exec_id)
-        except docker.errors.NotFound:
+        agent_dir = _agent_dir_of(container)
+        if agent_dir is None:
             continue
-        if state.get("Running") or (pending and state.get("ExitCode") is None):
-            config = state.get("ProcessConfig") or {}
-            running.append([config.get("entrypoint", ""), *(config.get("arguments") or [])])
-    return running
+        try:
+            serving = (agent_dir / "call").read_text()
+        except OSError:
+            continue
+        if serving == call_id:
+            found.append(container)
+    return found

@@ -34,7 +34,7 @@ from runners.protocol import (
 )
 from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
-from runners.sandbox.warm import WARM_LABEL, _running_execs
+from runners.sandbox.warm import WARM_LABEL, warm_container_busy
 from runners.tools import execute
 from runners.worker import Disposition, Runner, WarmBackendChooser
 from runners.workspace import workspace_for
@@ -259,10 +259,9 @@ def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
     call.start()
     deadline = time.monotonic() + 20
     container = engine.containers.get(container_id)
-    while not _running_execs(engine, container):
+    while not warm_container_busy(container):
         assert time.monotonic() < deadline, "the call never started"
         time.sleep(0.05)
-        container.reload()
 
     runner.handle_control(thread_end(project, "thr_a"))
     assert warm_of(engine, project, "thr_a") == {container_id}  # never killed mid-call

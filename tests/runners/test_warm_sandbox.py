@@ -3,8 +3,15 @@ the hardening, the per-call TMPDIR, the tree kill, the probe and the bounds of a
 
 from __future__ import annotations
 
+import fcntl
+import json
+import socket
+import stat
+import struct
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +27,8 @@ from runners.sandbox import (
 from runners.sandbox import warm as warm_module
 from runners.sandbox.base import ProbeResult
 from runners.sandbox.warm import (
+    AGENT_DIR_LABEL,
+    AGENT_MOUNT,
     WARM_LABEL,
     containers_running_call,
     remove_idle_warm_containers,
@@ -158,10 +167,20 @@ def test_docker_inspect_shows_the_same_hardening_as_a_fresh_container(
     assert config["User"] == f"{SANDBOX_UID}:{SANDBOX_UID}"
     assert config["Image"] == docker_backend.image_id
     assert config["Labels"][WARM_LABEL] == "true"
-    assert [(m["Type"], m["Destination"], m["RW"]) for m in attrs["Mounts"]] == [
-        ("bind", "/workspace", True)
-    ]
-    assert attrs["Mounts"][0]["Source"] == str(workspace)
+    mounts = {m["Destination"]: m for m in attrs["Mounts"]}
+    assert [(m["Type"], m["RW"]) for m in mounts.values()] == [("bind", True)] * 2
+    assert mounts["/workspace"]["Source"] == str(workspace)
+    # The only addition: the agent's socket directory, which the runner (root here) took
+    # back once the socket was up, so commands cannot enter it.
+    agent_dir = Path(config["Labels"][AGENT_DIR_LABEL])
+    assert mounts[AGENT_MOUNT]["Source"] == str(agent_dir / "socket")
+    socket_dir = (agent_dir / "socket").stat()
+    assert (socket_dir.st_uid, stat.S_IMODE(socket_dir.st_mode)) == (0, 0o700)
+    # PID 1's environment holds the agent's key and nothing of any call (the image's own
+    # HOME and PATH are merged in by the engine).
+    names = {name.split("=")[0] for name in config["Env"]}
+    assert "KESTREL_AGENT_KEY" in names
+    assert names <= {"KESTREL_AGENT_KEY", "LANG", "PATH", "HOME"}
 
 
 def test_confinement_holds_inside_an_exec(warm, workspace, project, runner_id):
@@ -342,17 +361,21 @@ def test_runner_start_removes_idle_warm_containers_but_not_a_running_call(
     idle = left_behind.warm_containers()[(project, "thr_idle")]
     shell(left_behind, workspace, project, "thr_busy", runner_id, "true")
     busy = left_behind.warm_containers()[(project, "thr_busy")]
-    call = labels(project, "thr_busy", runner_id)
-    exec_id = engine.api.exec_create(
-        busy, ["sh", "-c", "sleep 600", "kestrel-exec", f"/tmp/kestrel-{call['call']}-0"]
-    )["Id"]
-    engine.api.exec_start(exec_id, detach=True)
-
+    busy_dir = left_behind._sandboxes[(project, "thr_busy")].agent_dir
+    call = labels(project, "thr_busy", runner_id)["call"]
+    # A live worker process mid-call: it holds the container's lock and names the call.
+    with open(busy_dir / "lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (busy_dir / "call").write_text(call)
+        assert remove_idle_warm_containers(engine, runner_id=runner_id) == 1
+        assert warm_ids(engine, project) == {busy}
+        assert idle not in warm_ids(engine, project)
+        assert [c.id for c in containers_running_call(engine, call)] == [busy]
+    # Its lock went with it (a worker that died): the container is idle now.
+    assert [c.id for c in containers_running_call(engine, call)] == [busy]
     assert remove_idle_warm_containers(engine, runner_id=runner_id) == 1
-    assert warm_ids(engine, project) == {busy}
-    assert idle not in warm_ids(engine, project)
-    assert [c.id for c in containers_running_call(engine, call["call"])] == [busy]
-    engine.api.remove_container(busy, force=True)
+    assert warm_ids(engine, project) == set()
+    assert not busy_dir.exists()
 
 
 def test_a_tool_error_does_not_leave_the_thread_without_a_sandbox(
@@ -374,3 +397,152 @@ def test_a_tool_error_does_not_leave_the_thread_without_a_sandbox(
         labels=labels(project, "thr_a", runner_id),
     )
     assert run_confined(warm, spec).stdout == "ok\n"
+
+
+# --- the agent (PID 1 of a warm container) ------------------------------------------------
+
+
+def sandbox_of(warm, project, thread):
+    return warm._sandboxes[(project, thread)]
+
+
+def ask_agent(sandbox, request: dict, *, close_after_send: bool = False) -> dict | None:
+    """Talk to a container's agent as the runner does; None when it answers nothing."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(20)
+        connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
+        body = json.dumps(request).encode()
+        connection.sendall(struct.pack(">I", len(body)) + body)
+        if close_after_send:
+            return None
+        header = connection.recv(4)
+        if not header:
+            return None
+        size = struct.unpack(">I", header)[0]
+        data = b""
+        while len(data) < size:
+            data += connection.recv(size - len(data))
+        return json.loads(data)
+
+
+def agent_request(sandbox, script: str, **overrides) -> dict:
+    return {
+        "key": sandbox.key,
+        "argv": ["sh", "-c", script],
+        "env": {"PATH": "/usr/bin:/bin", "HOME": "/workspace"},
+        "cwd": "/workspace",
+        "tmpdir": f"/tmp/kestrel-test-{uuid.uuid4().hex[:8]}",
+        "timeout_s": 30,
+        "output_limit": 4096,
+        **overrides,
+    }
+
+
+@pytest.mark.spec("RUN-3", "RUN-4")
+def test_commands_can_neither_reach_nor_read_nor_stop_the_agent(
+    warm, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    container = warm.warm_containers()[(project, "thr_a")]
+    script = (
+        f"ls {AGENT_MOUNT} 2>/dev/null || echo no-socket-dir; "
+        "cat /proc/1/environ 2>/dev/null || echo no-environ; "
+        "grep -c KESTREL_AGENT_KEY /proc/self/environ || true; "
+        "kill -9 1 2>/dev/null; kill -INT 1 2>/dev/null; kill -TERM 1 2>/dev/null; echo sent"
+    )
+    out = shell(warm, workspace, project, "thr_a", runner_id, script)["stdout"].split("\n")
+    assert out[:4] == ["no-socket-dir", "no-environ", "0", "sent"]
+    # PID 1 ignored every signal from inside: the same container serves the next call.
+    assert shell(warm, workspace, project, "thr_a", runner_id, "echo alive")["stdout"] == "alive\n"
+    assert warm.warm_containers()[(project, "thr_a")] == container
+
+
+@pytest.mark.spec("RUN-3")
+def test_the_agent_obeys_only_a_request_with_its_key(warm, workspace, project, runner_id):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    sandbox = sandbox_of(warm, project, "thr_a")
+    for key in ("", "not-the-key", sandbox.key[:-1]):
+        request = agent_request(sandbox, "echo ran > forged.txt", key=key)
+        assert ask_agent(sandbox, request) is None
+    assert not (workspace / "forged.txt").exists()
+    # The right key is obeyed, so the refusals above were the key's doing.
+    answer = ask_agent(sandbox, agent_request(sandbox, "echo ran > keyed.txt"))
+    assert answer["exit_code"] == 0 and (workspace / "keyed.txt").exists()
+
+
+@pytest.mark.spec("RUN-3")
+def test_a_socket_that_is_not_the_containers_agent_is_never_used(
+    warm, engine, workspace, project, runner_id, tmp_path
+):
+    """A socket swapped under the runner (anything but the container's PID 1 answering)
+    gets no command, and the container is dropped."""
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    sandbox = sandbox_of(warm, project, "thr_a")
+    path = sandbox.agent_dir / "socket" / "agent.sock"
+    path.rename(tmp_path / "real.sock")
+    received = bytearray()
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    impostor.bind(str(path))
+    impostor.listen(1)
+
+    def serve() -> None:
+        connection, _ = impostor.accept()
+        with connection:
+            connection.settimeout(5)
+            try:
+                while chunk := connection.recv(4096):
+                    received.extend(chunk)
+            except OSError:
+                pass
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with pytest.raises(SandboxStartFailed, match="not the container's"):
+        shell(warm, workspace, project, "thr_a", runner_id, "echo never > never.txt")
+    server.join(10)
+    impostor.close()
+    assert bytes(received) == b""
+    assert not (workspace / "never.txt").exists()
+    assert warm.warm_containers() == {}
+    assert warm_ids(engine, project) == set()
+
+
+@pytest.mark.spec("RUN-8", "RUN-4")
+def test_a_runner_that_leaves_mid_call_leaves_nothing_running(warm, workspace, project, runner_id):
+    """A worker killed mid-call drops its connection: the agent kills the call's tree."""
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    sandbox = sandbox_of(warm, project, "thr_a")
+    request = agent_request(sandbox, "sleep 4107 & sleep 4108; echo late > late.txt")
+    ask_agent(sandbox, request, close_after_send=True)
+    ps = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"
+    deadline = time.monotonic() + 20
+    while True:
+        listed = shell(warm, workspace, project, "thr_a", runner_id, ps)["stdout"]
+        if "sleep 410" not in listed:
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.1)
+    assert not (workspace / "late.txt").exists()
+
+
+def test_output_past_the_cap_is_cut_and_flagged(warm, workspace, project, runner_id):
+    small = ExecLimits(timeout_s=30, memory_mb=96, cpus=0.5, pids=40, output_kb=1, tmp_mb=8)
+    script = "head -c 5000 /dev/zero | tr '\\0' x; head -c 3000 /dev/zero | tr '\\0' y >&2"
+    result = shell(warm, workspace, project, "thr_a", runner_id, script, limits=small)
+    assert result["stdout"] == "x" * 1024
+    assert result["stderr"] == "y" * 1024
+    assert result["truncated"] is True
+
+
+def test_a_missing_command_fails_like_a_shell_would(warm, workspace, project, runner_id):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    spec = ExecSpec(
+        argv=("no-such-command",),
+        workspace=workspace,
+        limits=LIMITS,
+        labels=labels(project, "thr_a", runner_id),
+    )
+    result = run_confined(warm, spec)
+    assert result.exit_code == 127
+    assert "no-such-command" in result.stderr
+    assert (project, "thr_a") in warm.warm_containers()
