@@ -318,6 +318,9 @@ CELERY_TASK_DEFAULT_QUEUE = "control"
 # Every control-plane task runs on the control queue (runners have their own app and queues).
 CELERY_TASK_ROUTES = {"control.*": {"queue": "control"}}
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": KESTREL_MAX_CALL_SECONDS + 120}
+# Workers keep database connections across tasks under Django's CONN_MAX_AGE rule instead of
+# Celery's close-after-every-task (kestrel_one.celery); this turns Celery's own closing off.
+CELERY_DB_REUSE_MAX = 1_000_000_000
 CELERY_BEAT_SCHEDULE = {
     "sweep-silent-calls": {
         "task": "control.sweep",
