@@ -185,15 +185,19 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
         data = ActionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        status_code, body, action_id = self._create_once(key, request.data, values)
+        status_code, body, action_id = self._create_once(key, request.data, values, seconds)
         if seconds and action_id is not None:
             action = settle(Action.objects.get(pk=action_id), seconds)
             body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
         return Response(body, status=status_code)
 
     @transaction.atomic
-    def _create_once(self, key, raw_body, values):
-        """Create the action, or with an Idempotency-Key seen before, replay the first response."""
+    def _create_once(self, key, raw_body, values, seconds):
+        """Create the action, or with an Idempotency-Key seen before, replay the first response.
+
+        The body is None when the caller waits (``seconds``) and no key keeps the first
+        response: the response is then read after the wait, and reading it now is waste.
+        """
         record = None
         if key is not None:
             request_digest = digest({"thread": self.thread.public_id, "body": raw_body})
@@ -224,6 +228,8 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
             args=values["args"],
             plan_step=values.get("plan_step"),
         )
+        if record is None and seconds:
+            return status.HTTP_201_CREATED, None, action.pk
         body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
         if record is not None:
             IdempotencyKey.objects.filter(pk=record.pk).update(
