@@ -546,3 +546,16 @@ def test_a_missing_command_fails_like_a_shell_would(warm, workspace, project, ru
     assert result.exit_code == 127
     assert "no-such-command" in result.stderr
     assert (project, "thr_a") in warm.warm_containers()
+
+
+@pytest.mark.spec("RUN-4")
+def test_a_command_killed_for_memory_is_reported_and_its_container_dropped(
+    warm, engine, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    script = "python3 -c 'b = bytearray(400 * 1024 * 1024); print(len(b))'"
+    result = shell(warm, workspace, project, "thr_a", runner_id, script)
+    assert result["exit_code"] == 137
+    assert result["oom_killed"] is True
+    assert warm.warm_containers() == {}
+    assert warm_ids(engine, project) == set()
