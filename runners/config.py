@@ -7,6 +7,7 @@ secret. A missing or unsafe value stops the runner with a message naming the var
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -25,6 +26,9 @@ __all__ = ["SANDBOX_CHOICES", "RunnerConfig", "RunnerConfigError"]
 
 SANDBOX_CHOICES = ("auto", "docker", "bubblewrap")
 DEFAULT_MAX_CALL_SECONDS = 600
+# Most calls end well within a second; a call still running after this long gets its own
+# "started" report, the others only their "finished" one (docs/runners.md#reports).
+DEFAULT_STARTED_REPORT_DELAY_SECONDS = 1.0
 
 _RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -47,6 +51,8 @@ class RunnerConfig:
     workspace_root: Path
     sandbox: str = "auto"
     max_call_seconds: int = DEFAULT_MAX_CALL_SECONDS
+    # 0 sends "started" as soon as the call starts, for every call.
+    started_report_delay_s: float = DEFAULT_STARTED_REPORT_DELAY_SECONDS
 
     @property
     def queue(self) -> str:
@@ -94,6 +100,11 @@ class RunnerConfig:
             raise RunnerConfigError(
                 f"KESTREL_MAX_CALL_SECONDS must be a positive whole number, got {max_call!r}"
             )
+        started_delay = _non_negative_seconds(
+            env,
+            "KESTREL_STARTED_REPORT_DELAY_SECONDS",
+            DEFAULT_STARTED_REPORT_DELAY_SECONDS,
+        )
         workspace_root = Path(required("KESTREL_WORKSPACE_ROOT"))
         if not workspace_root.is_dir():
             raise RunnerConfigError(
@@ -109,6 +120,7 @@ class RunnerConfig:
             workspace_root=workspace_root,
             sandbox=sandbox,
             max_call_seconds=int(max_call),
+            started_report_delay_s=started_delay,
         )
         # Read both keys now so that a bad file stops the runner at start, not at a call.
         config.private_key()
@@ -150,6 +162,19 @@ class RunnerConfig:
                 f"KESTREL_CONTROL_PUBLIC_KEY_FILE {str(self.control_public_key_file)!r} is "
                 f"not an Ed25519 public key PEM ({error})"
             ) from None
+
+
+def _non_negative_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise RunnerConfigError(f"{name} must be a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def _is_redis_url(url: str) -> bool:

@@ -11,9 +11,12 @@ Start it with ``python -m runners worker`` (which runs ``celery -A runners.worke
    this copy is a duplicate and is dropped; an expired lease means that worker died
    mid-call, so an idempotent tool runs again and any other tool ends ``runner_lost``;
    otherwise the call is claimed;
-3. reports "started", runs the tool through ``runners.tools.execute`` (process tools only
-   inside a sandbox backend, never without), stores the signed "finished" report and
-   sends it to the control plane's ``control.ingest_result`` task on queue ``control``.
+3. runs the tool through ``runners.tools.execute`` (process tools only inside a sandbox
+   backend, never without), stores the signed "finished" report and sends it to the
+   control plane's ``control.ingest_result`` task on queue ``control``. A "started" report
+   goes first only when the call is still running after
+   ``RunnerConfig.started_report_delay_s``: most calls take well under a second, and the
+   finished report carries ``started_at``, so one report per quick call is enough.
 
 Besides commands, every worker also consumes a broadcast queue bound to the fanout exchange
 ``runner.<pool>.control``: signed *control messages* (``runner.control``), today only
@@ -40,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import docker
 import docker.errors
@@ -96,6 +99,7 @@ __all__ = [
     "REPORT_TASK",
     "Disposition",
     "Runner",
+    "StartedReport",
     "WarmBackendChooser",
     "app",
     "celery_settings",
@@ -129,6 +133,64 @@ INFRASTRUCTURE_RETRY_PAUSE_SECONDS = 5
 log = logging.getLogger("kestrel.runner")
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+# (delay in seconds, what to run then) -> a started timer that can be cancelled.
+StartTimer = Callable[[float, Callable[[], None]], Cancellable]
+
+
+def daemon_timer(delay_s: float, function: Callable[[], None]) -> threading.Timer:
+    """A daemon ``threading.Timer``: a worker process that exits does not wait for it."""
+    timer = threading.Timer(delay_s, function)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+class StartedReport:
+    """A call's "started" report, sent only if the call outlives ``delay_s``.
+
+    ``finish()`` is called when the tool returned, before the finished report is signed;
+    from then on the started report is never sent, so it can never follow the finished one.
+    A started report being sent holds the lock, so ``finish()`` waits for it to be handed
+    to the broker: started is then sent first.
+    """
+
+    def __init__(self, send: Callable[[], None], *, delay_s: float, timer: StartTimer) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._done = False
+        self._timer: Cancellable | None = None
+        if delay_s <= 0:
+            self._fire()
+        else:
+            self._timer = timer(delay_s, self._fire_in_background)
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            self._send()
+
+    def _fire_in_background(self) -> None:
+        try:
+            self._fire()
+        except Exception:
+            # A timer thread's exception would otherwise only reach stderr; "started" is
+            # informational, the finished report is what must arrive.
+            log.exception("the started report failed")
+
+    def finish(self) -> None:
+        """The call ended: cancel the timer, and make sure a late one sends nothing."""
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._done = True
+
+
 class Disposition(enum.StrEnum):
     """What the runner did with one delivery of a command."""
 
@@ -154,6 +216,8 @@ class Runner:
     reap_orphans: Callable[[str], int] = field(default=lambda call_id: 0)
     # (project, thread) -> how many warm containers of the thread were removed.
     end_thread: Callable[[str, str], int] = field(default=lambda project, thread: 0)
+    # Starts the timer of a delayed "started" report (tests drive it by hand).
+    start_timer: StartTimer = daemon_timer
 
     # --- entry point ---------------------------------------------------------------
 
@@ -313,8 +377,15 @@ class Runner:
     def _run(self, command: Command, lease: Lease) -> None:
         with LeaseKeeper(self.state, lease) as keeper:
             started_at = _utc_now()
-            self._report_started(command, started_at)
-            outcome, result, error, sandbox = self._execute(command)
+            started = StartedReport(
+                lambda: self._report_started(command, started_at),
+                delay_s=self.config.started_report_delay_s,
+                timer=self.start_timer,
+            )
+            try:
+                outcome, result, error, sandbox = self._execute(command)
+            finally:
+                started.finish()
             token = self._finished(
                 command,
                 outcome=outcome,
@@ -435,9 +506,11 @@ def _utc_now() -> str:
 def reap_orphan_containers(call_id: str) -> int:
     """Remove every container running ``call_id``; how many there were.
 
-    When a worker is killed its container keeps running, unattended. Recovery removes it
+    When a worker is killed a fresh container keeps running, unattended. Recovery removes it
     before it reports the call lost or runs it again, so a lost call has no late effect.
-    A fresh container carries the call's label; a warm one is found by its running exec.
+    A fresh container carries the call's label. A warm one is found by the call its host-side
+    directory names; its agent already killed the call when the worker's connection dropped,
+    and it is usually gone by now, removed as idle when the next worker started.
     """
     try:
         client = docker.from_env()

@@ -1,13 +1,15 @@
 """The path of one call through the control plane: request, decide, sign, dispatch, ingest.
 
 Every state change is a conditional update (``UPDATE ... WHERE state IN (...)``) checked by
-its row count, so a late or duplicated report can never move a finished action.
+its row count, so a late or duplicated report can never move a finished action. The one
+exception is ``command_expired``, the sweep's guess that no runner took a command: a runner's
+verified finished report for it is recorded (``_record_finished``).
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -347,17 +349,45 @@ def _record_started(action: Action, runner: Runner, report) -> str:
     )
     if not moved:
         return "duplicate-start"
+    _append_started_event(action, runner, report)
+    return "started"
+
+
+def _append_started_event(action: Action, runner: Runner, report) -> None:
     event_append(
         thread=action.thread,
         kind="action.started",
         action=action,
         data={"action": action.public_id, "runner": runner.public_id, "attempt": report.attempt},
     )
-    return "started"
+
+
+def _reported_start(report, now):
+    """When the runner says the call started, for a call whose "started" report never came.
+
+    The runner's clock may run a little ahead of ours; a start after our "finished" would
+    read as nonsense, so it is capped at now.
+    """
+    if not report.started_at:
+        return now
+    return min(datetime.fromisoformat(report.started_at), now)
 
 
 def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
+    """Record the outcome, once. A call that ended within the runner's started-report delay
+    sent no "started" report (docs/runners.md#reports): its start is recorded here, in the
+    same transaction and before the finish, so its events read as for any other call."""
     now = timezone.now()
+    # The row is locked (report_ingest), so this state is the one the update below moves.
+    # An action the sweep ended as never taken (command_expired) was taken after all when a
+    # runner reports on it: a worker died within the delay, before any "started" report, and
+    # the broker handed its command back only after the sweep's deadline. The report is the
+    # fact; the sweep's conclusion was an inference, and this is the one ending that moves.
+    taken_after_all = (
+        action.state == ActionState.EXPIRED
+        and (action.error or {}).get("code") == COMMAND_EXPIRED[0]
+    )
+    never_started = action.state == ActionState.QUEUED or taken_after_all
     # Output past the inline cap and checkpoint archives become artifacts; the action and
     # its receipt keep the inline part and a reference (docs/records.md).
     result = artifacts_capture(action=action, result=report.result)
@@ -365,18 +395,22 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     # Tool output is untrusted data: flagged for people, never read as an instruction.
     output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}
     moved = Action.objects.filter(
-        pk=action.pk, state__in=[ActionState.QUEUED, ActionState.RUNNING]
+        Q(state__in=[ActionState.QUEUED, ActionState.RUNNING])
+        | Q(state=ActionState.EXPIRED, error__code=COMMAND_EXPIRED[0]),
+        pk=action.pk,
     ).update(
         state=state,
         runner=runner,
         finished_at=now,
         result=result,
         error=report.error,
-        started_at=action.started_at or now,
+        started_at=_reported_start(report, now) if never_started else action.started_at or now,
         flags=sorted(set(action.flags) | output_flags),
     )
     if not moved:
         return "duplicate-finish"
+    if never_started:
+        _append_started_event(action, runner, report)
     receipt = Receipt.objects.create(
         action=action,
         organization=action.organization,

@@ -72,6 +72,10 @@ def e2e(workers, world):
 def run(e2e, tool: str, args: dict) -> Action:
     action = action_request(actor=e2e["actor"], thread=e2e["thread"], tool=tool, args=args)
     assert action.state == ActionState.QUEUED, action.decision
+    return run_until_done(e2e, action)
+
+
+def run_until_done(e2e, action: Action) -> Action:
     for _ in range(600):  # bounded by attempts: 600 polls of 0.2 s
         action.refresh_from_db()
         if action.state in {ActionState.SUCCEEDED, ActionState.FAILED}:
@@ -80,7 +84,7 @@ def run(e2e, tool: str, args: dict) -> Action:
     logs = "".join(
         (e2e["logs"] / name).read_text()[-3000:] for name in ("runner.log", "control.log")
     )
-    raise AssertionError(f"{tool} never finished ({action.state}); worker logs:\n{logs}")
+    raise AssertionError(f"{action.tool} never finished ({action.state}); worker logs:\n{logs}")
 
 
 def assert_receipt(action: Action) -> Receipt:
@@ -97,6 +101,11 @@ def assert_receipt(action: Action) -> Receipt:
     assert receipt.policy_version.startswith("env:pol_")
     assert receipt.runner == RUNNER_ID
     assert receipt.result == action.result
+    # Whether or not the call outlived the runner's started-report delay, the thread shows
+    # it started, then finished.
+    kinds = list(action.events.order_by("sequence").values_list("kind", flat=True))
+    assert kinds == ["action.requested", "action.decided", "action.started", "action.finished"]
+    assert action.started_at is not None and action.started_at <= action.finished_at
     return receipt
 
 
@@ -150,3 +159,27 @@ def test_a_refused_path_is_a_failed_action_with_a_receipt(e2e):
     assert refused.error["code"] == "path_refused"
     assert "root:" not in str(refused.error)
     assert Receipt.objects.get(action=refused).outcome == "failed"
+
+
+@pytest.mark.spec("AUD-5", "RUN-7")
+def test_a_call_outliving_the_started_delay_is_running_before_it_finishes(e2e):
+    # The call waits for a file the test creates only once the control plane recorded the
+    # runner's "started" report: the order is forced, no clock is compared.
+    action = action_request(
+        actor=e2e["actor"],
+        thread=e2e["thread"],
+        tool="shell.exec",
+        args={"script": "while [ ! -e go ]; do sleep 0.1; done; echo went"},
+    )
+    for _ in range(300):  # bounded by attempts: 300 polls of 0.2 s
+        action.refresh_from_db()
+        if action.state != ActionState.QUEUED:
+            break
+        time.sleep(0.2)
+    assert action.state == ActionState.RUNNING, action.state
+    (e2e["workspace"] / "go").touch()
+
+    finished = run_until_done(e2e, action)
+    assert finished.state == ActionState.SUCCEEDED, finished.error
+    assert finished.result["stdout"] == "went\n"
+    assert_receipt(finished)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from django.utils import timezone
 
@@ -90,6 +92,72 @@ def test_a_verified_report_is_recorded_with_a_receipt(queued, runner, runner_key
     assert receipt.runner == runner.public_id
     kinds = list(ThreadEvent.objects.filter(action=queued).values_list("kind", flat=True))
     assert kinds == ["action.requested", "action.decided", "action.started", "action.finished"]
+
+
+def started_report(action, runner, key):
+    return report(action, runner, key, event="started", outcome=None, result=None, finished_at=None)
+
+
+def action_events(action) -> list[tuple[str, dict]]:
+    return [
+        (event.kind, event.data)
+        for event in ThreadEvent.objects.filter(action=action).order_by("sequence")
+    ]
+
+
+@pytest.mark.spec("AUD-5")
+def test_a_finished_report_for_a_queued_action_records_its_start_first(queued, runner, runner_key):
+    # A quick call: the runner sent no "started" report, only the finished one.
+    token = report(queued, runner, runner_key, started_at="2025-01-02T03:04:05.678Z")
+    assert report_ingest(token) == ActionState.SUCCEEDED
+
+    queued.refresh_from_db()
+    assert queued.state == ActionState.SUCCEEDED and queued.runner == runner
+    assert queued.started_at == datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    assert queued.finished_at >= queued.started_at
+    events = action_events(queued)
+    assert [kind for kind, _ in events] == [
+        "action.requested",
+        "action.decided",
+        "action.started",
+        "action.finished",
+    ]
+    assert events[2][1] == {"action": queued.public_id, "runner": runner.public_id, "attempt": 1}
+    receipt = Receipt.objects.get(action=queued)
+    assert receipt.started_at == queued.started_at
+
+    # The started report, arriving late or again, changes nothing.
+    assert report_ingest(started_report(queued, runner, runner_key)) == "duplicate-start"
+    unchanged = Action.objects.get(pk=queued.pk)
+    assert (unchanged.state, unchanged.started_at) == (queued.state, queued.started_at)
+    assert action_events(queued) == events
+
+
+@pytest.mark.spec("AUD-5")
+def test_a_finished_report_after_a_started_one_keeps_the_recorded_start(queued, runner, runner_key):
+    assert report_ingest(started_report(queued, runner, runner_key)) == "started"
+    queued.refresh_from_db()
+    started_at = queued.started_at
+    assert queued.state == ActionState.RUNNING
+
+    assert report_ingest(report(queued, runner, runner_key)) == ActionState.SUCCEEDED
+
+    queued.refresh_from_db()
+    assert queued.started_at == started_at  # the control plane's, not the report's
+    kinds = [kind for kind, _ in action_events(queued)]
+    assert kinds == ["action.requested", "action.decided", "action.started", "action.finished"]
+
+
+@pytest.mark.parametrize("started_at", [None, "2999-01-01T00:00:00Z"])
+def test_a_missing_or_future_start_is_recorded_as_the_finish(
+    queued, runner, runner_key, started_at
+):
+    # None: a call the runner ended runner_lost; the future: a runner's clock running ahead.
+    assert report_ingest(report(queued, runner, runner_key, started_at=started_at))
+    queued.refresh_from_db()
+    assert queued.started_at == queued.finished_at
+    kinds = [kind for kind, _ in action_events(queued)]
+    assert kinds[-2:] == ["action.started", "action.finished"]
 
 
 def test_a_duplicate_report_changes_nothing(queued, runner, runner_key):
@@ -201,6 +269,37 @@ def test_sweep_ends_silent_calls_and_expired_commands(
     assert queued.state == ActionState.FAILED and queued.error["code"] == "runner_lost"
     assert never_started.state == ActionState.EXPIRED
     # A report arriving after the sweep ended the call changes nothing.
+    assert report_ingest(report(queued, runner, runner_key)) == "duplicate-finish"
+    assert Action.objects.get(pk=queued.pk).state == ActionState.FAILED
+
+
+@pytest.mark.spec("AUD-5")
+def test_a_command_the_sweep_called_untaken_takes_the_outcome_a_runner_reports(
+    queued, runner, runner_key, world
+):
+    """A worker died within the started-report delay; the broker handed the command back
+    only after the sweep's deadline, and the recovering runner reports. The sweep's
+    "no runner took it" was a guess: the verified report is recorded, with its receipt."""
+    later = timezone.now() + timezone.timedelta(days=1)
+    assert calls_sweep(now=later)["expired"] == 1
+    queued.refresh_from_db()
+    assert (queued.state, queued.error["code"]) == (ActionState.EXPIRED, "command_expired")
+
+    lost = {"code": "runner_lost", "message": "the runner stopped while running this call"}
+    token = report(queued, runner, runner_key, outcome="failed", result=None, error=lost)
+    assert report_ingest(token) == ActionState.FAILED
+    queued.refresh_from_db()
+    assert (queued.state, queued.error, queued.runner) == (ActionState.FAILED, lost, runner)
+    assert Receipt.objects.get(action=queued).error == lost
+    assert [kind for kind, _ in action_events(queued)] == [
+        "action.requested",
+        "action.decided",
+        "action.finished",  # expired, by the sweep
+        "action.started",
+        "action.finished",  # what the runner reported
+    ]
+    # That correction happens once: the report again, or another, changes nothing.
+    assert report_ingest(token) == "duplicate-finish"
     assert report_ingest(report(queued, runner, runner_key)) == "duplicate-finish"
     assert Action.objects.get(pk=queued.pk).state == ActionState.FAILED
 

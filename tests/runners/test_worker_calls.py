@@ -8,6 +8,7 @@ real worker process, Docker and SIGKILL are in ``test_worker_process.py``.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -15,9 +16,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
 import pytest
 import redis
 
@@ -42,7 +45,7 @@ from runners.sandbox import (
     SandboxStartFailed,
     SandboxUnavailable,
 )
-from runners.worker import PROCESS_TOOLS, Disposition, Runner
+from runners.worker import PROCESS_TOOLS, Disposition, Runner, StartedReport, daemon_timer
 from tests.runners.support import runner_config
 from tests.runners.test_protocol import (
     CONTROL_KEY,
@@ -84,14 +87,40 @@ def config(tmp_path: Path, workspace_root: Path, runner_key: bytes) -> RunnerCon
     )
 
 
+class ManualTimer:
+    """Stands in for a started-report timer; it fires only when the test says so."""
+
+    def __init__(self, delay_s: float, function: Callable[[], None]) -> None:
+        self.delay_s = delay_s
+        self.function = function
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        """Run the timer's function, cancelled or not: like a timer thread that had already
+        woken up when the call was cancelled."""
+        self.function()
+
+
 class Recorder:
-    """Stands in for the broker, the sandbox choice and the orphan reaper."""
+    """Stands in for the broker, the sandbox choice, the orphan reaper and the timers.
+
+    Timers never fire on their own, so by default every call is a quick one.
+    """
 
     def __init__(self) -> None:
         self.reports: list[str] = []
         self.executions: list[tuple[str, dict[str, Any]]] = []
         self.reaped: list[str] = []
         self.backend: SandboxBackend | None = None
+        self.timers: list[ManualTimer] = []
+
+    def start_timer(self, delay_s: float, function: Callable[[], None]) -> ManualTimer:
+        timer = ManualTimer(delay_s, function)
+        self.timers.append(timer)
+        return timer
 
     def report(self, token: str) -> None:
         self.reports.append(token)
@@ -121,14 +150,19 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
 
 
 def make_runner(config: RunnerConfig, client: redis.Redis, recorder: Recorder, **kw) -> Runner:
+    """A runner on real call state; ``report`` and ``start_timer`` replace the recorder's,
+    the other keywords go to ``CallState``."""
+    report = kw.pop("report", recorder.report)
+    start_timer = kw.pop("start_timer", recorder.start_timer)
     return Runner(
         config=config,
         private_key=config.private_key(),
         control_public_key=config.control_public_key(),
         state=CallState(client, worker=kw.pop("worker", "test-worker"), **kw),
-        report=recorder.report,
+        report=report,
         choose_backend=recorder.choose_backend,
         reap_orphans=recorder.reap,
+        start_timer=start_timer,
     )
 
 
@@ -261,7 +295,7 @@ def test_refusals_cover_every_command_claim():
 # --- a call's life -----------------------------------------------------------------------
 
 
-def test_valid_command_runs_once_and_reports_started_then_finished(
+def test_valid_command_runs_once_and_reports_its_result(
     runner, recorder, runner_key, workspace_root
 ):
     token = command()
@@ -269,18 +303,196 @@ def test_valid_command_runs_once_and_reports_started_then_finished(
 
     assert (workspace_root / PROJECT / "marker.txt").read_text() == "ran"
     assert len(recorder.executions) == 1
+    (finished,) = reports(recorder, runner_key)
+    assert finished.event == "finished" and finished.outcome == "succeeded"
+    assert finished.call_id == "act_01JTESTCALL"
+    assert finished.command_digest == token_digest(token)
+    assert finished.attempt == 1
+    assert finished.runner_id == RUNNER_ID
+    assert finished.result["size"] == 3
+    assert finished.sandbox is None  # file tools run on the host, inside the workspace
+    assert finished.started_at is not None and finished.finished_at is not None
+
+
+# --- the started report: only for calls that outlive the delay ---------------------------
+
+
+def _tool_that(monkeypatch: pytest.MonkeyPatch, during: Callable[[], None]) -> None:
+    """Make every tool call run ``during`` first, then the real tool."""
+    real_execute = tools.execute
+
+    def execute(tool_name: str, args: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        during()
+        return real_execute(tool_name, args, **kwargs)
+
+    monkeypatch.setattr(tools, "execute", execute)
+
+
+@pytest.mark.spec("RUN-7")
+def test_a_quick_call_sends_only_its_finished_report(runner, recorder, runner_key):
+    assert runner.config.started_report_delay_s == 1.0  # the default
+
+    runner.handle(command())
+
+    (timer,) = recorder.timers
+    assert timer.delay_s == 1.0
+    assert timer.cancelled, "the timer is cancelled once the tool returned"
+    (finished,) = reports(recorder, runner_key)
+    assert finished.event == "finished" and finished.outcome == "succeeded"
+    assert finished.started_at is not None  # the control plane records the start from it
+
+
+@pytest.mark.spec("RUN-7")
+def test_a_call_still_running_after_the_delay_sends_started_then_finished(
+    runner, recorder, runner_key, monkeypatch
+):
+    # The delay runs out while the tool runs.
+    _tool_that(monkeypatch, lambda: recorder.timers[-1].fire())
+
+    runner.handle(command())
+
     started, finished = reports(recorder, runner_key)
     assert started.event == "started" and started.outcome is None
     assert finished.event == "finished" and finished.outcome == "succeeded"
     for report in (started, finished):
         assert report.call_id == "act_01JTESTCALL"
-        assert report.command_digest == token_digest(token)
         assert report.attempt == 1
         assert report.runner_id == RUNNER_ID
-    assert finished.result["size"] == 3
-    assert finished.sandbox is None  # file tools run on the host, inside the workspace
+    assert started.command_digest == finished.command_digest
     assert finished.started_at == started.started_at
-    assert finished.finished_at is not None
+
+
+@pytest.mark.spec("RUN-7")
+def test_with_a_real_timer_a_long_call_reports_started_while_it_runs(
+    config, state_client, recorder, runner_key, monkeypatch
+):
+    # The tool returns only once the started report was sent: no clock is read, and the
+    # order is the point (a started report must reach the broker while the call runs).
+    started_sent = threading.Event()
+
+    def report(token: str) -> None:
+        recorder.report(token)
+        if len(recorder.reports) == 1:
+            started_sent.set()
+
+    def wait_for_started() -> None:
+        assert started_sent.wait(timeout=30), "the started report never came"
+
+    _tool_that(monkeypatch, wait_for_started)
+    quick = dataclasses.replace(config, started_report_delay_s=0.05)
+    runner = make_runner(quick, state_client, recorder, report=report, start_timer=daemon_timer)
+
+    runner.handle(command())
+
+    assert [r.event for r in reports(recorder, runner_key)] == ["started", "finished"]
+
+
+@pytest.mark.spec("RUN-7")
+def test_with_no_delay_started_is_sent_before_the_tool_runs(
+    config, state_client, recorder, runner_key, monkeypatch
+):
+    seen_by_the_tool: list[int] = []
+    _tool_that(monkeypatch, lambda: seen_by_the_tool.append(len(recorder.reports)))
+    runner = make_runner(
+        dataclasses.replace(config, started_report_delay_s=0), state_client, recorder
+    )
+
+    runner.handle(command())
+
+    assert recorder.timers == [], "no timer: started goes at once, as before the delay"
+    assert seen_by_the_tool == [1]
+    assert [r.event for r in reports(recorder, runner_key)] == ["started", "finished"]
+
+
+@pytest.mark.spec("RUN-7")
+def test_a_timer_firing_after_the_call_finished_sends_nothing(runner, recorder, runner_key):
+    runner.handle(command())
+    (timer,) = recorder.timers
+
+    # The timer thread woke up just as the call ended: cancel came too late to stop it.
+    timer.fire()
+    timer.fire()
+
+    assert [r.event for r in reports(recorder, runner_key)] == ["finished"]
+
+
+@pytest.mark.spec("RUN-7")
+def test_a_timer_firing_while_the_finished_report_is_made_sends_nothing(
+    runner, recorder, runner_key, monkeypatch
+):
+    # Fire the timer at the last moment it could: while the finished report is signed.
+    real_finished = Runner._finished
+
+    def finished_with_a_late_timer(self: Runner, *args: Any, **kwargs: Any) -> str:
+        recorder.timers[-1].fire()
+        return real_finished(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "_finished", finished_with_a_late_timer)
+
+    runner.handle(command())
+
+    assert [r.event for r in reports(recorder, runner_key)] == ["finished"]
+
+
+@pytest.mark.spec("RUN-7")
+def test_a_started_report_being_sent_is_sent_before_the_call_can_finish():
+    # The timer's send is under way (held in the broker call) when the call ends: finish()
+    # must wait for it, so the finished report cannot overtake it.
+    events: list[str] = []
+    sending, release = threading.Event(), threading.Event()
+    timers: list[ManualTimer] = []
+
+    def send() -> None:
+        sending.set()
+        assert release.wait(timeout=30)
+        events.append("started sent")
+
+    def start_timer(delay_s: float, function: Callable[[], None]) -> ManualTimer:
+        timers.append(ManualTimer(delay_s, function))
+        return timers[-1]
+
+    started = StartedReport(send, delay_s=1.0, timer=start_timer)
+    timer_thread = threading.Thread(target=timers[0].fire)
+    timer_thread.start()
+    assert sending.wait(timeout=30)
+
+    def finish() -> None:
+        started.finish()
+        events.append("finish returned")
+
+    finishing = threading.Thread(target=finish)
+    finishing.start()
+    release.set()
+    timer_thread.join(timeout=30)
+    finishing.join(timeout=30)
+
+    assert events == ["started sent", "finish returned"]
+    timers[0].fire()  # and nothing more afterwards
+    assert events == ["started sent", "finish returned"]
+
+
+@pytest.mark.spec("RUN-7")
+def test_a_started_report_that_cannot_be_sent_is_a_warning(
+    runner, recorder, runner_key, monkeypatch, caplog
+):
+    def broker_refuses_started(token: str) -> None:
+        if (
+            verify_result(
+                token, runner_public_key=public_key_pem(runner_key), runner_id=RUNNER_ID
+            ).event
+            == "started"
+        ):
+            raise kombu.exceptions.OperationalError("broker down")
+        recorder.report(token)
+
+    runner.report = broker_refuses_started
+    _tool_that(monkeypatch, lambda: recorder.timers[-1].fire())
+    caplog.set_level(logging.WARNING, logger="kestrel.runner")
+
+    assert runner.handle(command()) is Disposition.RAN
+
+    assert [r.event for r in reports(recorder, runner_key)] == ["finished"]
+    assert "could not send the started report of call act_01JTESTCALL" in caplog.text
 
 
 def test_redelivered_finished_call_resends_the_same_result(runner, recorder):

@@ -52,6 +52,13 @@ def test_complete_environment_configures_a_runner(environ):
     assert config.state_url == environ["KESTREL_BROKER_URL"]
     assert config.sandbox == "auto"
     assert config.max_call_seconds == 600
+    assert config.started_report_delay_s == 1.0
+
+
+@pytest.mark.parametrize(("value", "delay"), [("0", 0.0), ("2.5", 2.5), (" ", 1.0)])
+def test_started_report_delay_is_read_from_the_environment(environ, value, delay):
+    environ["KESTREL_STARTED_REPORT_DELAY_SECONDS"] = value
+    assert RunnerConfig.from_environment(environ).started_report_delay_s == delay
 
 
 @pytest.mark.parametrize("name", REQUIRED)
@@ -88,6 +95,9 @@ def test_state_needs_redis_when_the_broker_is_not(environ):
         ("KESTREL_SANDBOX", "none"),
         ("KESTREL_MAX_CALL_SECONDS", "0"),
         ("KESTREL_MAX_CALL_SECONDS", "ten"),
+        ("KESTREL_STARTED_REPORT_DELAY_SECONDS", "-1"),
+        ("KESTREL_STARTED_REPORT_DELAY_SECONDS", "soon"),
+        ("KESTREL_STARTED_REPORT_DELAY_SECONDS", "nan"),
         ("KESTREL_RUNNER_ID", "runner-1"),
         ("KESTREL_RUNNER_POOL", "a/b"),
     ],

@@ -37,6 +37,7 @@ from runners.protocol import (
     verify_result,
 )
 from runners.sandbox.docker import LABEL_PREFIX
+from runners.sandbox.warm import containers_running_call
 from tests.runners.support import RUNNER_REDIS_URL
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")]
@@ -238,6 +239,8 @@ def runner_setup(tmp_path: Path, workspace_root: Path, docker_backend, broker):
 def test_round_trip_write_read_exec_through_docker(runner_setup, workspace_root):
     runner, control = runner_setup
     assert not any("DATABASE" in name or "SECRET" in name for name in runner.env)
+    # Longer than any of these calls can take: each sends its finished report only.
+    runner.env["KESTREL_STARTED_REPORT_DELAY_SECONDS"] = "600"
     runner.start()
 
     write = control.command("fs.write", {"path": "notes/hello.txt", "content": "hello, kestrel"})
@@ -261,14 +264,13 @@ def test_round_trip_write_read_exec_through_docker(runner_setup, workspace_root)
     assert (executed.result["stdout"], executed.result["stderr"]) == ("hello, kestrel", " hi\n")
     assert executed.result["exit_code"] == 3
 
+    control.drain()
     for token in (write, read, shell):
-        started = control.reports_for(_call_id(token), "started")
-        finished = control.reports_for(_call_id(token), "finished")
-        assert len(started) == 1 and len(finished) == 1
-        for report in started + finished:
-            assert report.command_digest == token_digest(token)
-            assert report.runner_id == runner.env["KESTREL_RUNNER_ID"]
-            assert report.attempt == 1
+        (report,) = control.reports_for(_call_id(token))
+        assert report.event == "finished" and report.started_at is not None
+        assert report.command_digest == token_digest(token)
+        assert report.runner_id == runner.env["KESTREL_RUNNER_ID"]
+        assert report.attempt == 1
     assert (workspace_root / PROJECT / "notes" / "hello.txt").read_text() == "hello, kestrel"
 
 
@@ -310,6 +312,7 @@ def test_tampered_commands_sent_to_the_worker_do_nothing(runner_setup, workspace
 @pytest.mark.spec("RUN-1", "RUN-9")
 def test_replayed_command_runs_once(runner_setup, workspace_root):
     runner, control = runner_setup
+    runner.env["KESTREL_STARTED_REPORT_DELAY_SECONDS"] = "0"  # every run sends "started"
     runner.start(concurrency=2)
     token = control.command("shell.exec", {"script": "echo ran >> effects.log; sleep 1"})
     call_id = _call_id(token)
@@ -403,8 +406,10 @@ def test_worker_killed_mid_call_loses_nothing_and_runs_nothing_twice(runner_setu
         if '"event": "call_lost"' in line
     ]
     assert sorted(entry["call_id"] for entry in lost) == sorted(shells)
-    assert all(entry["reaped_containers"] == 1 for entry in lost)
-    # The orphaned containers were removed before the calls were reported lost.
+    # The shell calls ran in the thread's warm container. Its agent killed each call when
+    # the killed worker's connection dropped, and the next worker's start removed the idle
+    # container, so recovery found nothing left to reap.
+    assert all(entry["reaped_containers"] == 0 for entry in lost)
     client = docker.from_env()
     try:
         for call_id in shells:
@@ -412,6 +417,7 @@ def test_worker_killed_mid_call_loses_nothing_and_runs_nothing_twice(runner_setu
                 all=True, filters={"label": f"{LABEL_PREFIX}call={call_id}"}
             )
             assert leftovers == [], f"container of lost call {call_id} still exists"
+            assert containers_running_call(client, call_id) == []
     finally:
         client.close()
 
