@@ -104,9 +104,12 @@ class ProjectScopedViewSet(OrgScopedViewSet):
         self.thread = None
         if "thr" in kwargs:
             self.thread = (
-                Thread.objects.select_related("project", "organization")
+                Thread.objects.select_related("organization")
                 .filter(public_id=kwargs["thr"], project=project)
                 .first()
             )
             if self.thread is None:
                 raise NotFound()
+            # The same row, already loaded with its environment and organization, which
+            # every action request reads.
+            self.thread.project = project

@@ -19,9 +19,7 @@ EVENT_DATA_MAX_BYTES = 4096
 @transaction.atomic(savepoint=False)
 def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> ThreadEvent:
     """Append the thread's next event; the row lock keeps the sequence ordered and gap-free."""
-    locked = Thread.objects.select_for_update().only("pk", "last_event_sequence").get(pk=thread.pk)
-    sequence = locked.last_event_sequence + 1
-    Thread.objects.filter(pk=thread.pk).update(last_event_sequence=sequence)
+    sequence = _next_event_sequence(thread)
     event = ThreadEvent.objects.create(
         thread=thread,
         organization_id=thread.organization_id,
@@ -35,6 +33,22 @@ def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> Threa
     if action is not None:
         action_changed(action.public_id)  # wakes ?wait= long polls after commit
     return event
+
+
+def _next_event_sequence(thread: Thread) -> int:
+    """Take the thread's next event number in one statement. The UPDATE holds the thread's
+    row lock until the transaction ends, so numbers are taken in commit order, with no gap."""
+    connection = transaction.get_connection()
+    if not connection.in_atomic_block:
+        raise RuntimeError("event_append must run inside the write's transaction")
+    table = connection.ops.quote_name(Thread._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET last_event_sequence = last_event_sequence + 1 "  # noqa: S608
+            "WHERE id = %s RETURNING last_event_sequence",
+            [thread.pk],
+        )
+        return cursor.fetchone()[0]
 
 
 @transaction.atomic
