@@ -148,7 +148,7 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     flags = injection_flags(canonical)
     # Checked again under the thread's lock: the thread may have ended since it was read.
     thread_require_open(thread=thread)
-    action = Action.objects.create(
+    action = Action(
         organization=project.organization,
         environment=project.environment,
         project=project,
@@ -175,6 +175,13 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         plan_step=plan_step["step"] if plan else None,
         flags=flags,
     )
+    command = None
+    if action.state == ActionState.QUEUED:
+        # Signed now, from the row being written, so that after commit dispatch only sends.
+        action.attempt = 1
+        command = _signed_command(action)
+        action.command_digest = token_digest(command)
+    action.save(force_insert=True)
     event_append(
         thread=thread,
         kind="action.requested",
@@ -212,20 +219,20 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
             "policy_version": decision.policy_version,
         },
     )
-    if action.state == ActionState.QUEUED:
-        transaction.on_commit(lambda: action_dispatch(action_id=action.pk))
+    if command is not None:
+        transaction.on_commit(lambda: _command_send(action, command))
     return action
 
 
 def action_dispatch(*, action_id: int) -> bool:
-    """Sign the command for a queued action and send it to its pool's queue.
+    """Sign the command for a queued action not sent yet, and send it to its pool's queue.
 
-    Runs after the requesting transaction committed. ``dispatched_at`` is set only after the
-    broker took the message, so an action whose send failed is still undispatched and the
-    sweep sends it again; the runner's single use of the call id keeps that from running twice.
+    For an action that became queued later (an approval), and for one whose send failed
+    (the sweep); a new request signs its command as it is written (``action_request``).
+    Each signing is a new attempt. ``dispatched_at`` is set only after the broker took the
+    message, so an action whose send failed is still undispatched and the sweep sends it
+    again; the runner's single use of the call id keeps that from running twice.
     """
-    from kestrel_one.celery import app
-
     with transaction.atomic():
         action = (
             Action.objects.select_for_update(of=("self",))
@@ -235,26 +242,38 @@ def action_dispatch(*, action_id: int) -> bool:
         )
         if action is None:
             return False
-        attempt = action.attempt + 1
-        token = sign_command(
-            {
-                "iss": "kestrel-control",
-                "aud": f"runner.{action.pool}",
-                "jti": action.public_id,
-                **action_scope(action),
-                "tool": action.tool,
-                "args": action.args,
-                "args_digest": action.args_digest,
-                "policy_version": action.policy_version,
-                "limits": action.limits,
-                "attempt": attempt,
-            },
-            control_private_key(),
-            ttl=settings.KESTREL_COMMAND_TTL_SECONDS,
-        )
+        action.attempt += 1
+        token = _signed_command(action)
         Action.objects.filter(pk=action.pk).update(
-            attempt=attempt, command_digest=token_digest(token)
+            attempt=action.attempt, command_digest=token_digest(token)
         )
+    return _command_send(action, token)
+
+
+def _signed_command(action: Action) -> str:
+    """The command token for ``action``'s current attempt."""
+    return sign_command(
+        {
+            "iss": "kestrel-control",
+            "aud": f"runner.{action.pool}",
+            "jti": action.public_id,
+            **action_scope(action),
+            "tool": action.tool,
+            "args": action.args,
+            "args_digest": action.args_digest,
+            "policy_version": action.policy_version,
+            "limits": action.limits,
+            "attempt": action.attempt,
+        },
+        control_private_key(),
+        ttl=settings.KESTREL_COMMAND_TTL_SECONDS,
+    )
+
+
+def _command_send(action: Action, token: str) -> bool:
+    """Hand a signed command to the broker, then mark the action dispatched."""
+    from kestrel_one.celery import app
+
     try:
         app.send_task("runner.execute", args=[token], queue=f"runner.{action.pool}")
     except Exception:
@@ -298,7 +317,7 @@ def report_ingest(token: str) -> str:
     with transaction.atomic():
         action = (
             Action.objects.select_for_update(of=("self",))
-            .select_related("organization", "environment", "project", "thread")
+            .select_related("organization", "environment", "project", "thread__organization")
             .filter(public_id=report.call_id)
             .first()
         )
