@@ -214,27 +214,35 @@ class WarmDockerBackend(SandboxBackend):
             return super().run_probed(spec)
         self.remove_idle()
         try:
-            sandbox = self._checkout(key, spec)
-            if sandbox is None:
-                return super().run_probed(spec)
-            keep = False
             try:
-                result = self._call(sandbox, spec)
-                # A timed-out or OOM-killed call leaves a container in an unknown state.
-                keep = not (result.timed_out or result.oom_killed)
-                return result
-            finally:
-                # The thread may have ended while this call ran (another process got the
-                # notice): its container goes now instead of idling.
-                if keep and self._ended(key):
-                    keep = False
-                self._checkin(key, sandbox, keep=keep)
+                return self._run_warm(key, spec)
+            except _Gone:
+                # Another worker process removed the idle container to make room for its
+                # own; the command never started there. Once more, in a new one.
+                return self._run_warm(key, spec)
         except _ThreadEnded:
             # A call of the thread that was queued before it ended: it runs (the control
             # plane decided it), but in a fresh container, since nothing of the thread may
-            # stay warm. Its command never started in the warm one (see _exec).
+            # stay warm. Its command never started in the warm one (see _call).
             self.end_thread(*key)
             return super().run_probed(spec)
+
+    def _run_warm(self, key: tuple[str, str], spec: ExecSpec) -> ExecResult:
+        sandbox = self._checkout(key, spec)
+        if sandbox is None:
+            return super().run_probed(spec)
+        keep = False
+        try:
+            result = self._call(sandbox, spec)
+            # A timed-out or OOM-killed call leaves a container in an unknown state.
+            keep = not (result.timed_out or result.oom_killed)
+            return result
+        finally:
+            # The thread may have ended while this call ran (another process got the
+            # notice): its container goes now instead of idling.
+            if keep and self._ended(key):
+                keep = False
+            self._checkin(key, sandbox, keep=keep)
 
     def _ended(self, key: tuple[str, str]) -> bool:
         """Whether the thread ended; when that cannot be told, treated as ended (the call
@@ -295,7 +303,9 @@ class WarmDockerBackend(SandboxBackend):
         """Keep the runner under ``max_containers`` warm containers; False if it can't.
 
         Counted on the engine (by the runner's label when the call has one), so all worker
-        processes of a runner host share the cap.
+        processes of a runner host share the cap. This process's least recently used idle
+        container goes first; when it has none, another process's idle one (whose lock it
+        takes), so that containers of threads that moved on do not crowd out live ones.
         """
         labels = [f"{WARM_LABEL}=true"]
         if runner:
@@ -310,11 +320,14 @@ class WarmDockerBackend(SandboxBackend):
         while excess > 0:
             with self._lock:
                 idle = [s for s in self._sandboxes.items() if not s[1].busy]
-                if not idle:
-                    return False
-                key, oldest = min(idle, key=lambda item: item[1].last_used)
-                del self._sandboxes[key]
-            self._remove(oldest)
+                if idle:
+                    key, oldest = min(idle, key=lambda item: item[1].last_used)
+                    del self._sandboxes[key]
+                ours = {sandbox.container_id for sandbox in self._sandboxes.values()}
+            if idle:
+                self._remove(oldest)
+            elif not _remove_least_recently_used(self.client, running, keep=ours):
+                return False
             excess -= 1
         return True
 
@@ -546,9 +559,12 @@ class WarmDockerBackend(SandboxBackend):
                 body = json.dumps(request).encode()
                 connection.sendall(_HEADER.pack(len(body)) + body)
             except OSError as error:
+                gone = not sandbox.agent_dir.exists()  # before the discard removes it
                 self._discard(sandbox)
                 if self._ended((sandbox.project, sandbox.thread)):
                     raise _ThreadEnded from None  # removed by a thread end; nothing ran
+                if gone:
+                    raise _Gone from None  # removed to make room; nothing ran
                 raise SandboxStartFailed(
                     f"docker: cannot reach the warm container's agent: {error}"
                 ) from None
@@ -575,6 +591,13 @@ class WarmDockerBackend(SandboxBackend):
 
     def _remove(self, sandbox: WarmSandbox) -> None:
         _remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
+
+
+class _Gone(SandboxStartFailed):
+    """The container was removed by another worker process while idle; nothing ran in it."""
+
+    def __init__(self) -> None:
+        super().__init__("docker: the warm container was removed by another worker process")
 
 
 class _ThreadEnded(Exception):
@@ -640,7 +663,9 @@ def _make_agent_dir(root: Path) -> Path:
 
 def _agent_dir_of(container: Any) -> Path | None:
     """The host-side directory a warm container's label names, if it is one of ours."""
-    label = (container.labels or {}).get(AGENT_DIR_LABEL, "")
+    attrs = container.attrs  # a listed (sparse) container has its labels at the top
+    labels = attrs.get("Labels") or (attrs.get("Config") or {}).get("Labels") or {}
+    label = labels.get(AGENT_DIR_LABEL, "")
     path = Path(label)
     if not path.is_absolute() or not _AGENT_DIR_NAME.fullmatch(path.name):
         return None
@@ -668,6 +693,28 @@ def _container_lock(agent_dir: Path | None, *, wait: bool) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)  # and with it the lock
+
+
+def _remove_least_recently_used(client: Any, containers: list[Any], *, keep: set[str]) -> bool:
+    """Remove the least recently used idle container among ``containers`` (by the time its
+    last call ended), none of ``keep``; False if every one is busy."""
+
+    def last_used(container: Any) -> float:
+        agent_dir = _agent_dir_of(container)
+        try:
+            return (agent_dir / "call").stat().st_mtime if agent_dir else 0.0
+        except OSError:
+            return 0.0
+
+    for container in sorted(containers, key=last_used):
+        if container.id in keep:
+            continue
+        agent_dir = _agent_dir_of(container)
+        with _container_lock(agent_dir, wait=False) as idle:
+            if idle:
+                _remove_container(client, container.id, agent_dir)
+                return True
+    return False
 
 
 def warm_container_busy(container: Any) -> bool:

@@ -300,15 +300,41 @@ def test_the_cap_evicts_the_least_recently_used_idle_container(
 def test_past_the_cap_with_nothing_to_evict_a_call_runs_fresh(
     docker_backend, engine, workspace, project, runner_id
 ):
-    """Another worker process of the runner holds the only slot: this one runs cold."""
+    """Another worker process of the runner holds the only slot, busy: this one runs cold."""
     other_process = WarmDockerBackend(docker_backend, max_containers=1)
     this_process = WarmDockerBackend(docker_backend, max_containers=1)
     try:
         shell(other_process, workspace, project, "thr_a", runner_id, "true")
-        result = shell(this_process, workspace, project, "thr_b", runner_id, "echo cold")
+        busy_dir = sandbox_of(other_process, project, "thr_a").agent_dir
+        with open(busy_dir / "lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # mid-call
+            result = shell(this_process, workspace, project, "thr_b", runner_id, "echo cold")
         assert result["stdout"] == "cold\n"
         assert this_process.warm_containers() == {}
         assert len(warm_ids(engine, project)) == 1
+    finally:
+        other_process.close()
+        this_process.close()
+
+
+def test_past_the_cap_another_processs_idle_container_makes_room(
+    docker_backend, engine, workspace, project, runner_id
+):
+    """A thread that moved on to another process must not keep a live one cold. The process
+    whose idle container went finds out at its next call, which gets a new container."""
+    other_process = WarmDockerBackend(docker_backend, max_containers=1)
+    this_process = WarmDockerBackend(docker_backend, max_containers=1)
+    try:
+        shell(other_process, workspace, project, "thr_a", runner_id, "true")
+        old = other_process.warm_containers()[(project, "thr_a")]
+        shell(this_process, workspace, project, "thr_b", runner_id, "true")
+        assert set(this_process.warm_containers()) == {(project, "thr_b")}
+        assert old not in warm_ids(engine, project)
+        # The other process still lists it; its next call of the thread runs warm anyway.
+        assert other_process.warm_containers()[(project, "thr_a")] == old
+        again = shell(other_process, workspace, project, "thr_a", runner_id, "echo again")
+        assert again["stdout"] == "again\n"
+        assert other_process.warm_containers()[(project, "thr_a")] != old
     finally:
         other_process.close()
         this_process.close()
