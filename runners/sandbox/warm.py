@@ -303,9 +303,9 @@ class WarmDockerBackend(SandboxBackend):
         """Keep the runner under ``max_containers`` warm containers; False if it can't.
 
         Counted on the engine (by the runner's label when the call has one), so all worker
-        processes of a runner host share the cap. This process's least recently used idle
-        container goes first; when it has none, another process's idle one (whose lock it
-        takes), so that containers of threads that moved on do not crowd out live ones.
+        processes of a runner host share the cap. The least recently used idle container
+        goes, whichever process keeps it (its lock is taken to remove it): containers of
+        threads that moved on go before live ones.
         """
         labels = [f"{WARM_LABEL}=true"]
         if runner:
@@ -319,15 +319,15 @@ class WarmDockerBackend(SandboxBackend):
         excess = len(running) - self.max_containers + 1
         while excess > 0:
             with self._lock:
-                idle = [s for s in self._sandboxes.items() if not s[1].busy]
-                if idle:
-                    key, oldest = min(idle, key=lambda item: item[1].last_used)
-                    del self._sandboxes[key]
-                ours = {sandbox.container_id for sandbox in self._sandboxes.values()}
-            if idle:
-                self._remove(oldest)
-            elif not _remove_least_recently_used(self.client, running, keep=ours):
+                busy = {s.container_id for s in self._sandboxes.values() if s.busy}
+            removed = _remove_least_recently_used(self.client, running, keep=busy)
+            if removed is None:
                 return False
+            running = [container for container in running if container.id != removed]
+            with self._lock:
+                for key, sandbox in list(self._sandboxes.items()):
+                    if sandbox.container_id == removed:
+                        del self._sandboxes[key]
             excess -= 1
         return True
 
@@ -695,9 +695,11 @@ def _container_lock(agent_dir: Path | None, *, wait: bool) -> Iterator[bool]:
         os.close(fd)  # and with it the lock
 
 
-def _remove_least_recently_used(client: Any, containers: list[Any], *, keep: set[str]) -> bool:
-    """Remove the least recently used idle container among ``containers`` (by the time its
-    last call ended), none of ``keep``; False if every one is busy."""
+def _remove_least_recently_used(
+    client: Any, containers: list[Any], *, keep: set[str]
+) -> str | None:
+    """Remove the least recently used idle container among ``containers`` (by when its last
+    call ended), none of ``keep``; its id, or None if every one is busy."""
 
     def last_used(container: Any) -> float:
         agent_dir = _agent_dir_of(container)
@@ -713,8 +715,8 @@ def _remove_least_recently_used(client: Any, containers: list[Any], *, keep: set
         with _container_lock(agent_dir, wait=False) as idle:
             if idle:
                 _remove_container(client, container.id, agent_dir)
-                return True
-    return False
+                return container.id
+    return None
 
 
 def warm_container_busy(container: Any) -> bool:
