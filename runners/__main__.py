@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
             "Run `celery -A runners.worker worker -Q runner.<pool>`. Reads KESTREL_RUNNER_ID, "
             "KESTREL_RUNNER_POOL, KESTREL_RUNNER_KEY_FILE, KESTREL_CONTROL_PUBLIC_KEY_FILE, "
             "KESTREL_BROKER_URL, KESTREL_WORKSPACE_ROOT and optionally "
-            "KESTREL_RUNNER_STATE_URL, KESTREL_SANDBOX, KESTREL_MAX_CALL_SECONDS."
+            "KESTREL_RUNNER_STATE_URL, KESTREL_SANDBOX, KESTREL_MAX_CALL_SECONDS, "
+            "KESTREL_STARTED_REPORT_DELAY_SECONDS, KESTREL_WARM_SANDBOXES, "
+            "KESTREL_WARM_IDLE_SECONDS, KESTREL_WARM_MAX_CONTAINERS, KESTREL_WARM_AGENT_DIR."
         ),
     )
     worker.add_argument(
