@@ -60,8 +60,10 @@ SCRATCH = ("/tmp", "/dev/shm")  # noqa: S108 - the container's own tmpfs
 
 def main(path):
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(number, signal.SIG_IGN)
+    # Python's own SIGINT handler would let a command stop PID 1. With default dispositions
+    # the kernel drops every signal sent to PID 1 from inside its namespace, and a command
+    # starts with default dispositions too (an ignored signal would stay ignored across exec).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     key = os.environ.pop(KEY_VARIABLE).encode()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".new")

@@ -474,10 +474,13 @@ def test_commands_can_neither_reach_nor_read_nor_stop_the_agent(
         f"ls {AGENT_MOUNT} 2>/dev/null || echo no-socket-dir; "
         "cat /proc/1/environ 2>/dev/null || echo no-environ; "
         "grep -c KESTREL_AGENT_KEY /proc/self/environ || true; "
-        "kill -9 1 2>/dev/null; kill -INT 1 2>/dev/null; kill -TERM 1 2>/dev/null; echo sent"
+        "kill -9 1 2>/dev/null; kill -INT 1 2>/dev/null; kill -TERM 1 2>/dev/null; echo sent; "
+        "grep SigIgn /proc/self/status"
     )
     out = shell(warm, workspace, project, "thr_a", runner_id, script)["stdout"].split("\n")
     assert out[:4] == ["no-socket-dir", "no-environ", "0", "sent"]
+    # The command starts with no signal ignored, as under docker exec.
+    assert out[4].split() == ["SigIgn:", "0000000000000000"]
     # PID 1 ignored every signal from inside: the same container serves the next call.
     assert shell(warm, workspace, project, "thr_a", runner_id, "echo alive")["stdout"] == "alive\n"
     assert warm.warm_containers()[(project, "thr_a")] == container
