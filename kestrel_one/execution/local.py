@@ -21,6 +21,14 @@ from runners.protocol import generate_private_key_pem, public_key_pem
 
 # Only what a process needs to run at all; the runner gets nothing else from our environment.
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "DOCKER_HOST", "VIRTUAL_ENV")
+# The runner's own tuning (docs/runners.md), passed on when set: none of it is a secret.
+_RUNNER_TUNING = (
+    "KESTREL_STARTED_REPORT_DELAY_SECONDS",
+    "KESTREL_WARM_SANDBOXES",
+    "KESTREL_WARM_IDLE_SECONDS",
+    "KESTREL_WARM_MAX_CONTAINERS",
+    "KESTREL_WARM_AGENT_DIR",
+)
 
 
 def local_runner_environment() -> dict[str, str]:
@@ -51,7 +59,7 @@ def local_runner_environment() -> dict[str, str]:
     workspaces = settings.KESTREL_DATA_DIR / "workspaces"
     workspaces.mkdir(parents=True, exist_ok=True)
     return {
-        **{name: os.environ[name] for name in _BASE_ENV if name in os.environ},
+        **{name: os.environ[name] for name in _BASE_ENV + _RUNNER_TUNING if name in os.environ},
         "KESTREL_RUNNER_ID": runner.public_id,
         "KESTREL_RUNNER_POOL": runner.pool,
         "KESTREL_RUNNER_KEY_FILE": str(key_file),
