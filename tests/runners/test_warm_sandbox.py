@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import shutil
 import socket
 import stat
 import struct
@@ -588,3 +590,37 @@ def test_a_command_killed_for_memory_is_reported_and_its_container_dropped(
     assert result["oom_killed"] is True
     assert warm.warm_containers() == {}
     assert warm_ids(engine, project) == set()
+
+
+def test_the_agent_directory_must_be_the_runners_own_and_closed(tmp_path, monkeypatch):
+    open_to_others = tmp_path / "open"
+    open_to_others.mkdir(mode=0o755)
+    open_to_others.chmod(0o755)
+    monkeypatch.setenv(warm_module.AGENT_ROOT_VARIABLE, str(open_to_others))
+    with pytest.raises(SandboxUnavailable, match="mode 0700"):
+        warm_module.agent_root_directory()
+    made = tmp_path / "made" / "here"
+    monkeypatch.setenv(warm_module.AGENT_ROOT_VARIABLE, str(made))
+    assert warm_module.agent_root_directory() == made
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+def test_runner_start_removes_directories_whose_container_is_gone(
+    warm, engine, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    live = sandbox_of(warm, project, "thr_a").agent_dir
+    root = live.parent
+    old, young = root / f"warm-{uuid.uuid4().hex[:24]}", root / f"warm-{uuid.uuid4().hex[:24]}"
+    for orphan in (old, young):
+        (orphan / "socket").mkdir(parents=True)
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    os.utime(live, (an_hour_ago, an_hour_ago))
+
+    # Another runner's start: nothing of this runner's is idle-removed, but orphans go.
+    remove_idle_warm_containers(engine, runner_id=f"run_other{uuid.uuid4().hex[:8]}")
+    assert not old.exists()
+    assert young.exists()  # may belong to a container being created right now
+    assert live.exists()  # its container still exists
+    shutil.rmtree(young)
