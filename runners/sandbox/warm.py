@@ -25,7 +25,12 @@ fresh container:
   so a socket swapped by anything else is never used.
 - **One thread, one container.** Containers are keyed by (project, thread) and never handed
   to another thread, nor to two calls at once: a call of a thread whose container is busy
-  runs in a fresh container instead. Calls without a thread always run fresh.
+  runs in a fresh container instead. Calls without a thread always run fresh. The container
+  is the thread's on the whole runner host: a worker process that has none for the thread
+  adopts the one another process started (``_adopt``, from the ``sandbox.json`` the starting
+  process writes in the host-side directory once the probe passed), so a thread's calls
+  stay warm whichever process they land in. Every use and every removal takes the
+  container's lock without waiting; a process never removes a container another is using.
 - **Probed when started.** A new container is probed (RUN-5) through the agent before its
   first command; a failed probe removes it and fails the call (``SandboxUnavailable``). Its
   mounts and privileges are fixed at creation and a command inside cannot change them, so a
@@ -45,8 +50,9 @@ fresh container:
   deadline removes the container.
 - **Bounded.** Idle containers are removed after ``idle_seconds``; at most ``max_containers``
   warm containers exist on the engine for this runner (counted on the engine, so every worker
-  process of the host shares the cap); past it the least recently used idle one of this
-  process goes, or, if none can, the call runs in a fresh container. At runner start
+  process of the host shares the cap); past it the least recently used idle one goes,
+  whichever process started it, or, if none can, the call runs in a fresh container. At
+  runner start
   ``remove_idle_warm_containers`` clears what a previous runner process left.
 - **Busy is a lock on the host.** Each container has a host-side directory (its
   ``agent-dir`` label) holding the socket directory, a ``lock`` file and a ``call`` file. A
@@ -54,8 +60,8 @@ fresh container:
   writes the call id in ``call``; the kernel drops the lock if the process dies. Other
   processes remove a container only while holding its lock themselves.
 - **Ended threads.** ``end_thread`` drops a thread's container from this process (removed now
-  if idle, at check-in if busy). Each worker process keeps its own pool, so a runner told that
-  a thread ended also removes the thread's idle containers of every process on the engine
+  if idle, at check-in if busy). Each worker process keeps its own view of the pool, so a
+  runner told that a thread ended also removes the thread's idle containers on the engine
   (``remove_idle_thread_containers``), and the optional ``thread_ended`` predicate (shared
   state) tells every process: a call of an ended thread never goes warm, and a busy container
   of an ended thread is removed when its call checks in. A process checks the predicate after
@@ -150,7 +156,7 @@ def _limits_key(limits: ExecLimits) -> tuple[Any, ...]:
 
 @dataclass
 class WarmSandbox:
-    """One warm container, owned by one (project, thread) of this process."""
+    """One warm container of one (project, thread), as this process knows it."""
 
     container_id: str
     project: str
@@ -163,12 +169,24 @@ class WarmSandbox:
     agent_pid: int = 0  # PID 1 of the container, as the host sees it
     busy: bool = False
     calls: int = 0
+    # The container's lock, while this process uses the container (see _call).
+    lock_fd: int | None = None
 
     def fits(self, spec: ExecSpec) -> bool:
         return (
             str(spec.workspace.resolve()) == self.workspace
             and _limits_key(spec.limits) == self.limits_key
         )
+
+    def shared(self) -> dict[str, Any]:
+        """What another worker process needs to use this container (``_adopt``)."""
+        return {
+            "container_id": self.container_id,
+            "workspace": self.workspace,
+            "limits_key": list(self.limits_key),
+            "agent_pid": self.agent_pid,
+            "key": self.key,
+        }
 
 
 @dataclass
@@ -237,6 +255,9 @@ class WarmDockerBackend(SandboxBackend):
             # A timed-out or OOM-killed call leaves a container in an unknown state.
             keep = not (result.timed_out or result.oom_killed)
             return result
+        except _Busy:
+            keep = True  # another process's call of this thread; this one runs fresh
+            return super().run_probed(spec)
         finally:
             # The thread may have ended while this call ran (another process got the
             # notice): its container goes now instead of idling.
@@ -266,7 +287,14 @@ class WarmDockerBackend(SandboxBackend):
         stale: WarmSandbox | None = None
         with self._lock:
             current = self._sandboxes.get(key)
-            if current is not None:
+        if current is None:
+            # Another worker process of this host may keep one: a thread has one container
+            # per runner host, whichever process its calls land in.
+            adopted = self._adopt(key, spec)
+            with self._lock:
+                current = self._sandboxes.setdefault(key, adopted) if adopted else None
+        with self._lock:
+            if current is not None and self._sandboxes.get(key) is current:
                 if current.busy:
                     return None
                 if current.fits(spec):
@@ -427,10 +455,50 @@ class WarmDockerBackend(SandboxBackend):
             )
             if not probe.ok:
                 raise SandboxUnavailable(f"{self.name} sandbox failed its probe: {probe.detail}")
+            _write_atomically(sandbox.agent_dir / "sandbox.json", json.dumps(sandbox.shared()))
         except BaseException:
-            self._remove(sandbox)
+            # Never published, so nobody else uses it: removed whoever holds its lock.
+            _remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
             raise
         return sandbox
+
+    def _adopt(self, key: tuple[str, str], spec: ExecSpec) -> WarmSandbox | None:
+        """The thread's probed container another process of this runner keeps, if one fits."""
+        labels = [
+            f"{WARM_LABEL}=true",
+            f"{LABEL_PREFIX}project={key[0]}",
+            f"{LABEL_PREFIX}thread={key[1]}",
+        ]
+        if "runner" in spec.labels:
+            labels.append(f"{LABEL_PREFIX}runner={spec.labels['runner']}")
+        try:
+            listed = self.client.containers.list(
+                filters={"label": labels, "status": "running"}, sparse=True, ignore_removed=True
+            )
+        except _ENGINE_ERRORS:
+            return None  # a new container will do
+        for container in listed:
+            agent_dir = _agent_dir_of(container)
+            try:
+                shared = json.loads((agent_dir / "sandbox.json").read_text()) if agent_dir else None
+                if shared is None or shared["container_id"] != container.id:
+                    continue
+                sandbox = WarmSandbox(
+                    container_id=container.id,
+                    project=key[0],
+                    thread=key[1],
+                    workspace=str(shared["workspace"]),
+                    limits_key=tuple(shared["limits_key"]),
+                    last_used=self.clock(),
+                    agent_dir=agent_dir,
+                    key=str(shared["key"]),
+                    agent_pid=int(shared["agent_pid"]),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not probed yet, or being removed
+            if sandbox.fits(spec):
+                return sandbox
+        return None
 
     def _await_agent(self, sandbox: WarmSandbox) -> int:
         """The host pid of the container's PID 1, once the agent's socket is up."""
@@ -467,10 +535,17 @@ class WarmDockerBackend(SandboxBackend):
             ) from None
 
     def _call(self, sandbox: WarmSandbox, spec: ExecSpec) -> ExecResult:
-        """Run ``spec`` through the container's agent, holding the container's lock."""
+        """Run ``spec`` through the container's agent, holding the container's lock.
+
+        ``_Busy`` when another process holds the lock: it is using the container (or
+        removing it), and this call must not wait for that.
+        """
         key = (sandbox.project, sandbox.thread)
         call = spec.labels.get("call", "call")
-        with _container_lock(sandbox.agent_dir, wait=True):
+        sandbox.lock_fd = _lock_container(sandbox.agent_dir)
+        if sandbox.lock_fd is None:
+            raise _Busy
+        try:
             # Asked under the lock: a thread end marks the thread ended *before* it looks
             # for idle containers and removes only those whose lock it holds. So either this
             # sees the mark (and the command never starts here), or the remover sees this
@@ -486,6 +561,10 @@ class WarmDockerBackend(SandboxBackend):
             finally:
                 with contextlib.suppress(OSError):
                     call_file.write_text("")
+        finally:
+            if sandbox.lock_fd >= 0:
+                os.close(sandbox.lock_fd)  # and with it the lock
+            sandbox.lock_fd = None
         if answer is None:
             # Not even the agent answered in time: the container and its tree go.
             return ExecResult(
@@ -590,7 +669,18 @@ class WarmDockerBackend(SandboxBackend):
         self._remove(sandbox)
 
     def _remove(self, sandbox: WarmSandbox) -> None:
-        _remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
+        """Remove the container, unless another process is using it right now (that process
+        decides about it when its call checks in)."""
+        if sandbox.lock_fd is not None:  # this process holds the lock: mid-call
+            _remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
+            return
+        with _container_lock(sandbox.agent_dir) as idle:
+            if idle:
+                _remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
+
+
+class _Busy(Exception):
+    """Another worker process is using (or removing) the container; nothing ran in it."""
 
 
 class _Gone(SandboxStartFailed):
@@ -672,27 +762,42 @@ def _agent_dir_of(container: Any) -> Path | None:
     return path
 
 
-@contextlib.contextmanager
-def _container_lock(agent_dir: Path | None, *, wait: bool) -> Iterator[bool]:
-    """Hold a warm container's lock while the block runs; yields False if another process
-    holds it (only when not ``wait``ing). A container without its directory has no user:
-    its lock counts as held."""
+def _lock_container(agent_dir: Path) -> int | None:
+    """Take a warm container's lock without waiting: the open descriptor that holds it, -1
+    if the container has no directory (nothing to hold), or None if another holds it."""
     try:
-        fd = os.open(agent_dir / "lock", os.O_RDWR | os.O_NOFOLLOW) if agent_dir else -1
+        fd = os.open(agent_dir / "lock", os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
-        fd = -1
-    if fd < 0:
-        yield True
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".new")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(partial, path)
+
+
+@contextlib.contextmanager
+def _container_lock(agent_dir: Path | None) -> Iterator[bool]:
+    """Hold a warm container's lock while the block runs; yields False if another process
+    holds it. A container without its directory has no user: its lock counts as held."""
+    fd = _lock_container(agent_dir) if agent_dir else -1
+    if fd is None:
+        yield False
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
         yield True
     finally:
-        os.close(fd)  # and with it the lock
+        if fd >= 0:
+            os.close(fd)  # and with it the lock
 
 
 def _remove_least_recently_used(
@@ -712,7 +817,7 @@ def _remove_least_recently_used(
         if container.id in keep:
             continue
         agent_dir = _agent_dir_of(container)
-        with _container_lock(agent_dir, wait=False) as idle:
+        with _container_lock(agent_dir) as idle:
             if idle:
                 _remove_container(client, container.id, agent_dir)
                 return container.id
@@ -721,7 +826,7 @@ def _remove_least_recently_used(
 
 def warm_container_busy(container: Any) -> bool:
     """Whether a worker process is using this warm container for a call right now."""
-    with _container_lock(_agent_dir_of(container), wait=False) as held:
+    with _container_lock(_agent_dir_of(container)) as held:
         return not held
 
 
@@ -787,7 +892,7 @@ def _remove_idle(client: Any, filters: list[str]) -> int:
         all=True, filters={"label": filters}, ignore_removed=True
     ):
         agent_dir = _agent_dir_of(container)
-        with _container_lock(agent_dir, wait=False) as idle:
+        with _container_lock(agent_dir) as idle:
             if container.status == "running" and not idle:
                 continue
             _remove_container(client, container.id, agent_dir)

@@ -624,3 +624,32 @@ def test_runner_start_removes_directories_whose_container_is_gone(
     assert young.exists()  # may belong to a container being created right now
     assert live.exists()  # its container still exists
     shutil.rmtree(young)
+
+
+def test_a_thread_has_one_container_per_host_whichever_process_runs_its_calls(
+    docker_backend, engine, workspace, project, runner_id
+):
+    first_process = WarmDockerBackend(docker_backend)
+    second_process = WarmDockerBackend(docker_backend)
+    try:
+        shell(first_process, workspace, project, "thr_a", runner_id, "echo one > one.txt")
+        container = first_process.warm_containers()[(project, "thr_a")]
+        result = shell(second_process, workspace, project, "thr_a", runner_id, "cat one.txt")
+        assert result["stdout"] == "one\n"
+        assert second_process.warm_containers()[(project, "thr_a")] == container
+        assert warm_ids(engine, project) == {container}
+
+        # Busy in one process, the other runs its call fresh: it neither waits nor shares.
+        busy_dir = sandbox_of(first_process, project, "thr_a").agent_dir
+        with open(busy_dir / "lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fresh = shell(second_process, workspace, project, "thr_a", runner_id, "echo fresh")
+        assert fresh["stdout"] == "fresh\n"
+        assert warm_ids(engine, project) == {container}
+        assert (
+            shell(second_process, workspace, project, "thr_a", runner_id, "true")["exit_code"] == 0
+        )
+        assert second_process.warm_containers()[(project, "thr_a")] == container
+    finally:
+        first_process.close()
+        second_process.close()
