@@ -311,6 +311,22 @@ class Command:
         return self.jti
 
 
+def _with_lifetime(
+    claims: Mapping[str, Any], *, lifetime: int, now: int | None, not_before: bool = True
+) -> dict[str, Any]:
+    """``claims`` with ``iat`` (now), ``nbf`` (``iat``) and ``exp`` (``iat + lifetime``) added
+    where absent. A given ``iat`` that is not an integer (tests of the verifiers sign such
+    tokens on purpose) is kept, and the others count from now."""
+    issued = int(time.time()) if now is None else int(now)
+    payload = dict(claims)
+    payload.setdefault("iat", issued)
+    base = payload["iat"] if _is_int(payload["iat"]) else issued
+    if not_before:
+        payload.setdefault("nbf", base)
+    payload.setdefault("exp", base + int(lifetime))
+    return payload
+
+
 def sign_command(
     claims: Mapping[str, Any],
     private_key_pem: bytes | str | Ed25519PrivateKey,
@@ -324,12 +340,7 @@ def sign_command(
     absent; everything else is signed exactly as given (this function does not judge the
     claims, ``verify_command`` does).
     """
-    issued = int(time.time()) if now is None else int(now)
-    payload = dict(claims)
-    payload.setdefault("iat", issued)
-    base = payload["iat"] if _is_int(payload["iat"]) else issued
-    payload.setdefault("nbf", base)
-    payload.setdefault("exp", base + int(ttl))
+    payload = _with_lifetime(claims, lifetime=ttl, now=now)
     if "args" in payload:
         payload.setdefault("args_digest", digest(payload["args"]))
     return _sign(payload, private_key_pem, typ=COMMAND_TYP, kid=CONTROL_KID)
@@ -494,13 +505,7 @@ def sign_control_message(
     ``iss``, ``iat``, ``nbf``, ``exp`` (``iat + ttl``) and a random ``jti`` are filled in when
     absent; everything else is signed as given (``verify_control_message`` judges it).
     """
-    issued = int(time.time()) if now is None else int(now)
-    payload = dict(claims)
-    payload.setdefault("iss", COMMAND_ISSUER)
-    payload.setdefault("iat", issued)
-    base = payload["iat"] if _is_int(payload["iat"]) else issued
-    payload.setdefault("nbf", base)
-    payload.setdefault("exp", base + int(ttl))
+    payload = _with_lifetime({"iss": COMMAND_ISSUER, **claims}, lifetime=ttl, now=now)
     payload.setdefault("jti", f"ctl_{uuid.uuid4().hex}")
     return _sign(payload, private_key_pem, typ=CONTROL_TYP, kid=CONTROL_KID)
 
@@ -582,13 +587,12 @@ def sign_result(
     ``iss``, ``aud``, ``iat``, ``exp`` (``iat + RESULT_LIFETIME_SECONDS``) and a random
     ``jti`` are filled in when absent.
     """
-    issued = int(time.time()) if now is None else int(now)
-    payload = dict(claims)
-    payload.setdefault("iss", runner_id)
-    payload.setdefault("aud", RESULT_AUDIENCE)
-    payload.setdefault("iat", issued)
-    base = payload["iat"] if _is_int(payload["iat"]) else issued
-    payload.setdefault("exp", base + RESULT_LIFETIME_SECONDS)
+    payload = _with_lifetime(
+        {"iss": runner_id, "aud": RESULT_AUDIENCE, **claims},
+        lifetime=RESULT_LIFETIME_SECONDS,
+        now=now,
+        not_before=False,
+    )
     payload.setdefault("jti", uuid.uuid4().hex)
     return _sign(payload, private_key_pem, typ=RESULT_TYP, kid=runner_id)
 
