@@ -19,20 +19,23 @@ from runners.protocol import (
     ControlRefused,
     canonical_json,
     control_exchange,
-    generate_private_key_pem,
-    public_key_pem,
     sign_command,
     sign_control_message,
     verify_command,
     verify_control_message,
 )
+from tests.runners.test_protocol import (
+    CONTROL_KEY,
+    CONTROL_PUBLIC,
+    POOL,
+    STRANGER_KEY,
+    b64,
+    command_claims,
+    payload_of,
+)
 
 pytestmark = pytest.mark.spec("RUN-1", "RUN-2")
 
-POOL = "blue"
-CONTROL_KEY = generate_private_key_pem()
-CONTROL_PUBLIC = public_key_pem(CONTROL_KEY)
-STRANGER_KEY = generate_private_key_pem()
 SCOPE = {"org": "org_01JORG", "env": "env_01JENV", "prj": "prj_01JPRJ", "thr": "thr_01JTHR"}
 
 
@@ -44,15 +47,6 @@ def signed(key: bytes = CONTROL_KEY, **overrides: Any) -> str:
     now = overrides.pop("now", None)
     ttl = overrides.pop("ttl", 120)
     return sign_control_message(claims(**overrides), key, ttl=ttl, now=now)
-
-
-def b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def payload_of(token: str) -> dict[str, Any]:
-    segment = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
 
 
 def refusal_code(token: Any, **kwargs: Any) -> str:
@@ -134,20 +128,7 @@ def test_a_malformed_claim_set_is_refused(change):
 
 
 def test_a_command_is_never_a_control_message_nor_the_other_way_round():
-    command = sign_command(
-        {
-            "iss": "kestrel-control",
-            "aud": f"runner.{POOL}",
-            "jti": "act_01JCALL",
-            **SCOPE,
-            "tool": "fs.read",
-            "args": {"path": "a.txt"},
-            "policy_version": "pol_1",
-            "limits": {"timeout_s": 5, "memory_mb": 64, "cpus": 1, "pids": 16, "output_kb": 8},
-            "attempt": 1,
-        },
-        CONTROL_KEY,
-    )
+    command = sign_command(command_claims(**SCOPE), CONTROL_KEY)
     verify_command(command, control_public_key=CONTROL_PUBLIC, pool=POOL)  # a valid command
     assert refusal_code(command) == "malformed"
     with pytest.raises(CommandRefused) as refused:

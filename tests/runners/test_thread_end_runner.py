@@ -39,6 +39,7 @@ from runners.tools import execute
 from runners.worker import Disposition, Runner, WarmBackendChooser
 from runners.workspace import workspace_for
 from tests.runners.support import RUNNER_REDIS_URL, runner_config
+from tests.runners.test_protocol import command_claims
 from tests.support import stop
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2")]
@@ -180,21 +181,7 @@ def test_refused_control_messages_remove_nothing(
 
     header, payload, signature = thread_end(project, "thr_a").split(".")
     command = sign_command(
-        {
-            "iss": "kestrel-control",
-            "aud": f"runner.{POOL}",
-            "jti": "act_01JCALL",
-            "org": "org_01JORG",
-            "env": "env_01JENV",
-            "prj": project,
-            "thr": "thr_a",
-            "tool": "fs.read",
-            "args": {"path": "a.txt"},
-            "policy_version": "pol_1",
-            "limits": {"timeout_s": 5, "memory_mb": 64, "cpus": 1, "pids": 16, "output_kb": 8},
-            "attempt": 1,
-        },
-        CONTROL_KEY,
+        command_claims(aud=f"runner.{POOL}", prj=project, thr="thr_a"), CONTROL_KEY
     )
     refused = {
         "forged": thread_end(project, "thr_a", key=generate_private_key_pem()),
