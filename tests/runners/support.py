@@ -1,4 +1,5 @@
-"""Shared pieces of the runner tests: their Redis database and a runner's configuration."""
+"""Shared pieces of the runner tests: their Redis database, a runner's configuration and a
+worker process's environment."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def runner_config(
     runner_key: bytes,
     control_public_key: bytes,
     workspace_root: Path,
+    max_call_seconds: int = 20,
 ) -> RunnerConfig:
     """A Docker runner's configuration on ``RUNNER_REDIS_URL``, its key files in ``folder``."""
     key_file = folder / "runner.pem"
@@ -36,5 +38,25 @@ def runner_config(
         state_url=RUNNER_REDIS_URL,
         workspace_root=workspace_root,
         sandbox="docker",
-        max_call_seconds=20,
+        max_call_seconds=max_call_seconds,
     )
+
+
+def worker_environment(config: RunnerConfig) -> dict[str, str]:
+    """What ``python -m runners worker`` gets to run as ``config``: its ``KESTREL_*``
+    variables, PATH, LANG and the engine's DOCKER_HOST, nothing else of the tests'."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "LANG": "C.UTF-8",
+        "KESTREL_RUNNER_ID": config.runner_id,
+        "KESTREL_RUNNER_POOL": config.pool,
+        "KESTREL_RUNNER_KEY_FILE": str(config.key_file),
+        "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(config.control_public_key_file),
+        "KESTREL_BROKER_URL": config.broker_url,
+        "KESTREL_WORKSPACE_ROOT": str(config.workspace_root),
+        "KESTREL_SANDBOX": config.sandbox,
+        "KESTREL_MAX_CALL_SECONDS": str(config.max_call_seconds),
+    }
+    if "DOCKER_HOST" in os.environ:
+        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    return env

@@ -8,7 +8,6 @@ publishes the message on the pool's fanout exchange, as the control plane does.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -38,7 +37,7 @@ from runners.sandbox.warm import WARM_LABEL, warm_container_busy
 from runners.tools import execute
 from runners.worker import Disposition, Runner, WarmBackendChooser
 from runners.workspace import workspace_for
-from tests.runners.support import RUNNER_REDIS_URL, runner_config
+from tests.runners.support import RUNNER_REDIS_URL, runner_config, worker_environment
 from tests.runners.test_protocol import command_claims
 from tests.support import stop
 
@@ -264,31 +263,21 @@ def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
 
 
 def start_worker(tmp_path: Path, workspace_root: Path, name: str) -> tuple[subprocess.Popen, Path]:
-    runner_id = f"run_end{name}{uuid.uuid4().hex[:8]}"
-    key_file = tmp_path / f"{name}.pem"
-    key_file.write_bytes(generate_private_key_pem())
-    key_file.chmod(0o600)
-    control_file = tmp_path / "control.pub"
-    control_file.write_bytes(CONTROL_PUBLIC)
-    env = {
-        "PATH": os.environ["PATH"],
-        "LANG": "C.UTF-8",
-        "KESTREL_RUNNER_ID": runner_id,
-        "KESTREL_RUNNER_POOL": POOL,
-        "KESTREL_RUNNER_KEY_FILE": str(key_file),
-        "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_file),
-        "KESTREL_BROKER_URL": RUNNER_REDIS_URL,
-        "KESTREL_WORKSPACE_ROOT": str(workspace_root),
-        "KESTREL_SANDBOX": "docker",
-        "KESTREL_MAX_CALL_SECONDS": "20",
-    }
-    if "DOCKER_HOST" in os.environ:
-        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    folder = tmp_path / name
+    folder.mkdir()
+    config = runner_config(
+        folder,
+        runner_id=f"run_end{name}{uuid.uuid4().hex[:8]}",
+        pool=POOL,
+        runner_key=generate_private_key_pem(),
+        control_public_key=CONTROL_PUBLIC,
+        workspace_root=workspace_root,
+    )
     log = tmp_path / f"{name}.log"
     worker = subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", "1"],
         cwd=REPO,
-        env=env,
+        env=worker_environment(config),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )

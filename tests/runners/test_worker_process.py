@@ -38,7 +38,7 @@ from runners.protocol import (
 )
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.sandbox.warm import containers_running_call
-from tests.runners.support import RUNNER_REDIS_URL
+from tests.runners.support import RUNNER_REDIS_URL, runner_config, worker_environment
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")]
 
@@ -202,28 +202,18 @@ def runner_setup(tmp_path: Path, workspace_root: Path, docker_backend, broker):
     pool = f"t{uuid.uuid4().hex[:10]}"
     runner_id = f"run_{uuid.uuid4().hex[:12]}"
     control_key = generate_private_key_pem()
-    runner_key_file = tmp_path / "runner.pem"
-    runner_key_file.write_bytes(generate_private_key_pem())
-    runner_key_file.chmod(0o600)
-    control_public_file = tmp_path / "control.pub"
-    control_public_file.write_bytes(public_key_pem(control_key))
-    env = {
-        "PATH": os.environ["PATH"],
-        "LANG": "C.UTF-8",
-        "KESTREL_RUNNER_ID": runner_id,
-        "KESTREL_RUNNER_POOL": pool,
-        "KESTREL_RUNNER_KEY_FILE": str(runner_key_file),
-        "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_public_file),
-        "KESTREL_BROKER_URL": RUNNER_REDIS_URL,
-        "KESTREL_WORKSPACE_ROOT": str(workspace_root),
-        "KESTREL_SANDBOX": "docker",
-        "KESTREL_MAX_CALL_SECONDS": str(MAX_CALL_SECONDS),
-    }
-    if "DOCKER_HOST" in os.environ:
-        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
-    process = RunnerProcess(env, tmp_path / "runner.log")
+    config = runner_config(
+        tmp_path,
+        runner_id=runner_id,
+        pool=pool,
+        runner_key=generate_private_key_pem(),
+        control_public_key=public_key_pem(control_key),
+        workspace_root=workspace_root,
+        max_call_seconds=MAX_CALL_SECONDS,
+    )
+    process = RunnerProcess(worker_environment(config), tmp_path / "runner.log")
     control = FakeControl(
-        control_key, public_key_pem(runner_key_file.read_bytes()), runner_id, pool
+        control_key, public_key_pem(config.key_file.read_bytes()), runner_id, pool
     )
     yield process, control
     process.kill()
