@@ -185,15 +185,16 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
         data = ActionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        status_code, body, action_id = self._create_once(key, request.data, values, seconds)
-        if seconds and action_id is not None:
-            action = settle(Action.objects.get(pk=action_id), seconds)
+        status_code, body, action = self._create_once(key, request.data, values, seconds)
+        if seconds and action is not None:
+            action = settle(action, seconds)
             body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
         return Response(body, status=status_code)
 
     @transaction.atomic
     def _create_once(self, key, raw_body, values, seconds):
         """Create the action, or with an Idempotency-Key seen before, replay the first response.
+        Returns the status, the body and the action (None if the replayed request made none).
 
         The body is None when the caller waits (``seconds``) and no key keeps the first
         response: the response is then read after the wait, and reading it now is waste.
@@ -220,7 +221,7 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
                         "This Idempotency-Key was already used with a different request.",
                         details={"Idempotency-Key": ["reused with another body"]},
                     ) from None
-                return first.response_status, first.response_body, first.action_id
+                return first.response_status, first.response_body, first.action
         action = action_request(
             actor=self.principal,
             thread=self.thread,
@@ -229,7 +230,7 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
             plan_step=values.get("plan_step"),
         )
         if record is None and seconds:
-            return status.HTTP_201_CREATED, None, action.pk
+            return status.HTTP_201_CREATED, None, action
         body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
         if record is not None:
             IdempotencyKey.objects.filter(pk=record.pk).update(
@@ -237,7 +238,7 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
                 response_status=status.HTTP_201_CREATED,
                 response_body=json.loads(json.dumps(body, cls=JSONEncoder)),
             )
-        return status.HTTP_201_CREATED, body, action.pk
+        return status.HTTP_201_CREATED, body, action
 
 
 class DecisionSerializer(StrictSerializer):
