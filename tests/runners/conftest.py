@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from runners.sandbox import BubblewrapBackend, DockerBackend, SandboxUnavailable
-from runners.sandbox.docker import MANAGED_LABEL
+from runners.sandbox.docker import LABEL_PREFIX, MANAGED_LABEL
 from runners.workspace import workspace_for
 from tests.runners.support import RUNNER_REDIS_URL
 
@@ -69,3 +69,29 @@ def workspace(workspace_root: Path) -> Path:
 @pytest.fixture
 def call_labels() -> dict[str, str]:
     return {"call": f"call_{uuid.uuid4().hex}", "project": "prj_test", "thread": "thr_test"}
+
+
+@pytest.fixture
+def project() -> str:
+    """A project of this test's own, so its containers can be told from other suites'."""
+    return f"prj_t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def runner_id() -> str:
+    return f"run_t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def engine(docker_backend: DockerBackend, project: str) -> Iterator[docker.DockerClient]:
+    """The engine's client; afterwards no container of this test's project may remain.
+
+    Scoped to the test's own project label: other suites share the engine.
+    """
+    yield docker_backend.client
+    leftovers = docker_backend.client.containers.list(
+        all=True, filters={"label": f"{LABEL_PREFIX}project={project}"}
+    )
+    for container in leftovers:
+        container.remove(force=True)
+    assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"

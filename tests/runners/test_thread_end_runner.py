@@ -57,27 +57,6 @@ def state_client(runner_redis: redis.Redis) -> redis.Redis:
 
 
 @pytest.fixture
-def project() -> str:
-    return f"prj_end{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def runner_id() -> str:
-    return f"run_end{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def engine(docker_backend, project):
-    """The engine's client; afterwards nothing of this test's project may remain."""
-    yield docker_backend.client
-    leftovers = docker_backend.client.containers.list(
-        all=True, filters={"label": f"{LABEL_PREFIX}project={project}"}
-    )
-    for container in leftovers:
-        container.remove(force=True)
-
-
-@pytest.fixture
 def workspace(workspace_root, project):
     return workspace_for(workspace_root, project)
 

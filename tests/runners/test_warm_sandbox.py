@@ -54,31 +54,6 @@ class Clock:
 
 
 @pytest.fixture
-def project() -> str:
-    return f"prj_warm{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def runner_id() -> str:
-    return f"run_warm{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def engine(docker_backend, project):
-    """The engine's client; afterwards no container of this test's project may remain.
-
-    Scoped to the test's own project and runner labels: other suites share the engine.
-    """
-    yield docker_backend.client
-    leftovers = docker_backend.client.containers.list(
-        all=True, filters={"label": f"io.kestrel.project={project}"}
-    )
-    for container in leftovers:
-        container.remove(force=True)
-    assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 
