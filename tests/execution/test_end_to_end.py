@@ -11,15 +11,10 @@ import time
 import pytest
 from django.db import connection
 
-from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
-from kestrel_one.execution.enrollment import runner_enroll
-from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
+from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.execution.models import Action, ActionState, Receipt
 from kestrel_one.execution.services import action_request
-from kestrel_one.governance.services import policy_publish_environment
-from kestrel_one.tenancy.services import environment_create, project_create
-from kestrel_one.threads.services import thread_create
-from runners.protocol import public_key_pem
-from tests.execution.workers import real_workers
+from tests.execution.workers import governed_thread, real_workers
 
 RUNNER_ID = "run_E2ETESTRUNNER0000000000000"
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -47,19 +42,8 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend
 
 @pytest.fixture
 def e2e(workers, world):
-    system = system_principal("tests")
-    runner = runner_enroll(
-        actor=system,
-        pool="default",
-        public_key_pem=public_key_pem(workers["key"].read_bytes()).decode(),
-    )
-    Runner.objects.filter(pk=runner.pk).update(public_id=RUNNER_ID)
-    environment = environment_create(actor=system, organization=world.org, name="e2e")
-    policy_publish_environment(actor=system, environment=environment, document=E2E_POLICY)
-    project = project_create(
-        actor=system, organization=world.org, environment=environment, name="e2e"
-    )
-    thread = thread_create(actor=system, project=project, title="e2e", mode="agent")
+    thread = governed_thread(workers, world.org, runner_id=RUNNER_ID, policy=E2E_POLICY, name="e2e")
+    project = thread.project
     owner = world["owner"]
     return {
         "thread": thread,

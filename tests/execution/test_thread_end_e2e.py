@@ -11,17 +11,11 @@ import docker
 import pytest
 from django.db import connection
 
-from kestrel_one.accounts.principal import system_principal
-from kestrel_one.execution.enrollment import runner_enroll
-from kestrel_one.execution.models import Action, ActionState, Runner
-from kestrel_one.governance.services import policy_publish_environment
-from kestrel_one.tenancy.services import environment_create, project_create
+from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.threads.models import Thread
-from kestrel_one.threads.services import thread_create
-from runners.protocol import public_key_pem
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.sandbox.warm import WARM_LABEL
-from tests.execution.workers import real_workers
+from tests.execution.workers import governed_thread, real_workers
 
 # Its own runner id: another suite's runner starting up removes idle warm containers of its
 # id, which must never be what makes this test pass.
@@ -76,19 +70,8 @@ def warm_containers(thread: Thread) -> list:
 def test_ending_a_thread_removes_its_warm_container_after_the_running_call_is_recorded(
     workers, world
 ):
-    system = system_principal("tests")
-    enrolled = runner_enroll(
-        actor=system,
-        pool="default",
-        public_key_pem=public_key_pem(workers["key"].read_bytes()).decode(),
-    )
-    Runner.objects.filter(pk=enrolled.pk).update(public_id=RUNNER_ID)
-    environment = environment_create(actor=system, organization=world.org, name="ending")
-    policy_publish_environment(actor=system, environment=environment, document=POLICY)
-    project = project_create(
-        actor=system, organization=world.org, environment=environment, name="ending"
-    )
-    thread = thread_create(actor=system, project=project, title="to end", mode="agent")
+    thread = governed_thread(workers, world.org, runner_id=RUNNER_ID, policy=POLICY, name="ending")
+    project = thread.project
     client = world["owner"].client()
     actions_url = f"/api/v1/orgs/acme/projects/{project.public_id}/threads/{thread.public_id}"
 

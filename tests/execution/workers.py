@@ -12,9 +12,16 @@ from pathlib import Path
 import redis
 from django.conf import settings
 
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.local import control_worker_argv
-from runners.protocol import generate_private_key_pem
+from kestrel_one.execution.models import Runner
+from kestrel_one.governance.services import policy_publish_environment
+from kestrel_one.tenancy.services import environment_create, project_create
+from kestrel_one.threads.models import Thread
+from kestrel_one.threads.services import thread_create
+from runners.protocol import generate_private_key_pem, public_key_pem
 from tests.support import stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +82,24 @@ def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict
     finally:
         stop(runner)
         stop(control)
+
+
+def governed_thread(
+    workers: dict[str, Path], organization, *, runner_id: str, policy: dict, name: str
+) -> Thread:
+    """A thread the real runner of ``workers`` serves: the runner enrolled (pool
+    ``default``) under the id it runs as, and a new environment under ``policy`` with one
+    project and one agent-mode thread, all named ``name``."""
+    system = system_principal("tests")
+    runner = runner_enroll(
+        actor=system,
+        pool="default",
+        public_key_pem=public_key_pem(workers["key"].read_bytes()).decode(),
+    )
+    Runner.objects.filter(pk=runner.pk).update(public_id=runner_id)
+    environment = environment_create(actor=system, organization=organization, name=name)
+    policy_publish_environment(actor=system, environment=environment, document=policy)
+    project = project_create(
+        actor=system, organization=organization, environment=environment, name=name
+    )
+    return thread_create(actor=system, project=project, title=name, mode="agent")
