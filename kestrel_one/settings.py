@@ -127,6 +127,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "guardian",
+    "axes",
     "kestrel_one.accounts",
     "kestrel_one.tenancy",
     "kestrel_one.audit",
@@ -148,6 +149,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a lockout found during sign-in into the response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "kestrel_one.urls"
@@ -170,7 +173,10 @@ TEMPLATES = [
 
 AUTH_USER_MODEL = "accounts.User"
 AUTHENTICATION_BACKENDS = [
+    # First: refuses any sign-in for a locked-out email and address before a password is checked.
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
+    "kestrel_one.accounts.backends.ServerTokenBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
 PASSWORD_HASHERS = [
@@ -184,6 +190,25 @@ AUTH_PASSWORD_VALIDATORS = [
         "OPTIONS": {"min_length": 12},
     },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+# Console sign-in lockout (django-axes): after KESTREL_LOGIN_FAILURE_LIMIT failures for one
+# email from one address, that pair is refused for KESTREL_LOGIN_LOCKOUT_MINUTES; a success
+# resets the count. Keyed on the pair, so nobody can lock a person out from elsewhere.
+AXES_FAILURE_LIMIT = env_int("KESTREL_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("KESTREL_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_USERNAME_CALLABLE = "kestrel_one.accounts.backends.sign_in_username"
+AXES_CLIENT_IP_CALLABLE = "kestrel_one.accounts.backends.sign_in_address"
+AXES_LOCKOUT_CALLABLE = "kestrel_one.accounts.views.locked_out"
+AXES_DISABLE_ACCESS_LOG = True  # no row per successful sign-in; only failures are counted
+# Masked in what django-axes logs and keeps of a failed attempt (its email is its own column).
+AXES_SENSITIVE_PARAMETERS = [
+    "username",
+    "ip_address",
+    "password",
+    "server_token",
+    "csrfmiddlewaretoken",
 ]
 GUARDIAN_RAISE_403 = False
 ANONYMOUS_USER_NAME = None  # guardian: no anonymous user row; anonymity never carries grants

@@ -5,8 +5,6 @@ The session serves the console only; the REST API never accepts it.
 
 from __future__ import annotations
 
-import hmac
-
 from django import forms
 from django.conf import settings
 from django.contrib.auth import authenticate, login, logout
@@ -14,8 +12,6 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views import View
 from django.views.decorators.http import require_POST
-
-from kestrel_one.api.authentication import local_owner
 
 
 class LoginForm(forms.Form):
@@ -34,18 +30,15 @@ class LoginForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        server_token = settings.KESTREL_SERVER_TOKEN
         if data.get("server_token"):
-            if (
-                settings.SINGLE_HOST
-                and server_token
-                and hmac.compare_digest(data["server_token"].encode(), server_token.encode())
-            ):
-                self.user = local_owner()
+            credentials = {"server_token": data["server_token"]}
         elif data.get("email") and data.get("password"):
-            self.user = authenticate(
-                self.request, username=data["email"].lower(), password=data["password"]
-            )
+            credentials = {"username": data["email"].lower(), "password": data["password"]}
+        else:
+            credentials = None
+        if credentials is not None:
+            # A locked-out attempt gets None here too; the lockout middleware then answers.
+            self.user = authenticate(self.request, **credentials)
         if self.user is None or not self.user.is_active:
             # One message for every failure: no hint which part was wrong.
             raise forms.ValidationError("Those credentials did not work.")
@@ -53,24 +46,31 @@ class LoginForm(forms.Form):
 
 
 class LoginView(View):
-    template_name = "accounts/login.html"
-
     def get(self, request):
-        return render(
-            request, self.template_name, {"form": LoginForm(), "single_host": settings.SINGLE_HOST}
-        )
+        return sign_in_page(request, LoginForm())
 
     def post(self, request):
         form = LoginForm(request.POST, request=request)
         if not form.is_valid():
-            return render(
-                request,
-                self.template_name,
-                {"form": form, "single_host": settings.SINGLE_HOST},
-                status=400,
-            )
+            return sign_in_page(request, form, status=400)
         login(request, form.user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect(settings.LOGIN_REDIRECT_URL)
+
+
+def sign_in_page(request, form, *, status=200, locked_out=None):
+    context = {"form": form, "single_host": settings.SINGLE_HOST, "locked_out": locked_out}
+    return render(request, "accounts/login.html", context, status=status)
+
+
+def locked_out(request, response, credentials):
+    """django-axes' lockout answer: the sign-in page, 429, saying when to try again."""
+    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
+    message = (
+        "Too many failed sign-ins for this account from your address. "
+        f"Try again in {minutes} minutes; each further attempt before then restarts the wait."
+    )
+    form = LoginForm(initial={"email": request.POST.get("email", "")})
+    return sign_in_page(request, form, status=429, locked_out=message)
 
 
 @require_POST

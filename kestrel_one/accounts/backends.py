@@ -1,0 +1,50 @@
+"""Console sign-in: the single-host server token as a backend, and who an attempt was for.
+
+Both ways in (email and password, or the server token) go through Django's `authenticate`,
+so django-axes counts every failure and refuses a locked-out attempt before any secret is
+compared.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.contrib.auth.backends import BaseBackend
+
+# What a server-token attempt counts against in the lockout: there is one such secret.
+SERVER_TOKEN_ATTEMPT = "(server token)"  # noqa: S105 - a label, not the token
+
+
+class ServerTokenBackend(BaseBackend):
+    """Single-host mode: the configured KESTREL_SERVER_TOKEN signs in as the local owner."""
+
+    def authenticate(self, request, server_token=None, **credentials):
+        expected = settings.KESTREL_SERVER_TOKEN
+        if not (settings.SINGLE_HOST and expected and server_token):
+            return None
+        if not hmac.compare_digest(server_token.encode(), expected.encode()):
+            return None
+        from kestrel_one.api.authentication import local_owner
+
+        return local_owner()
+
+
+def sign_in_username(request, credentials) -> str:
+    """The lockout's username: the email as it signs in (lower case), or the server token.
+
+    django-axes asks with the credentials given to `authenticate` when it checks a lockout,
+    and with Django's cleansed copy of them when it counts a failure; both name the same.
+    """
+    credentials = credentials or {}
+    if credentials.get("username"):
+        return str(credentials["username"]).lower()
+    if credentials.get("server_token"):
+        return SERVER_TOKEN_ATTEMPT
+    return str(request.POST.get("email", "")).lower()
+
+
+def sign_in_address(request) -> str:
+    """The lockout's address: REMOTE_ADDR only, like every other rule here; a client-sent
+    X-Forwarded-For would let anyone pick a fresh address per attempt."""
+    return request.META.get("REMOTE_ADDR", "")
