@@ -202,6 +202,7 @@ AXES_USERNAME_CALLABLE = "kestrel_one.accounts.backends.sign_in_username"
 AXES_CLIENT_IP_CALLABLE = "kestrel_one.accounts.backends.sign_in_address"
 AXES_LOCKOUT_CALLABLE = "kestrel_one.accounts.views.locked_out"
 AXES_DISABLE_ACCESS_LOG = True  # no row per successful sign-in; only failures are counted
+AXES_VERBOSE = False  # no banner at every start; failures and lockouts are still logged
 # Masked in what django-axes logs and keeps of a failed attempt (its email is its own column).
 AXES_SENSITIVE_PARAMETERS = [
     "username",
