@@ -38,6 +38,7 @@ from kestrel_one.artifacts.services import (
     retention_update,
     share_create,
     share_revoke,
+    share_used,
 )
 from kestrel_one.artifacts.storage import artifact_storage
 from kestrel_one.common.errors import ValidationFailed
@@ -77,6 +78,8 @@ class ShareLinkSerializer(serializers.ModelSerializer):
             "revoked_at",
             "revoked_by",
             "active",
+            "uses",
+            "last_used_at",
         ]
 
     def get_active(self, link) -> bool:
@@ -342,6 +345,7 @@ class SharedObjectView(APIView):
         link = share_resolve(token)
         if link is None:
             raise NotFound()
+        share_used(link)
         if link.artifact_id is not None:
             body = {
                 "kind": "artifact",
@@ -369,6 +373,7 @@ class SharedContentView(APIView):
         # A thread link opens the replay only, never the thread's artifacts.
         if link is None or link.artifact_id is None:
             raise NotFound()
+        share_used(link)
         return _private(artifact_download(link.artifact))
 
 

@@ -123,6 +123,10 @@ class ShareLink(models.Model):
     expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=64, blank=True)
+    # How often the link was used (each request through it) and when last, so whoever shared
+    # it can see whether it was opened. Counted here, not audited: holders are anonymous.
+    uses = models.PositiveBigIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from kestrel_one.accounts.principal import system_principal
@@ -367,6 +367,11 @@ def share_create(
         },
     )
     return link, token
+
+
+def share_used(link: ShareLink) -> None:
+    """Count one request through a live link; one UPDATE, so concurrent opens all count."""
+    ShareLink.objects.filter(pk=link.pk).update(uses=F("uses") + 1, last_used_at=timezone.now())
 
 
 @transaction.atomic

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -158,3 +158,24 @@ def test_share_list_follows_project_visibility(world, records, artifact):
     assert made["id"] not in [s["id"] for s in limited]
     hidden = world["limited"].client().delete(f"/api/v1/orgs/acme/shares/{made['id']}")
     assert hidden.status_code == 404
+
+
+def test_the_list_shows_how_often_a_link_was_used_and_when_last(world, records, artifact):
+    made = share(world, f"/api/v1/orgs/acme/artifacts/{artifact.public_id}/share")
+
+    def listed() -> dict:
+        found = world["member"].client().get("/api/v1/orgs/acme/shares").json()["results"]
+        return next(s for s in found if s["id"] == made["id"])
+
+    assert (listed()["uses"], listed()["last_used_at"]) == (0, None)
+    before = timezone.now()
+    assert anonymous().get(made["url"]).status_code == 200
+    content = anonymous().get(f"{made['url']}/content")
+    assert content.status_code == 200
+    b"".join(content.streaming_content)
+    assert listed()["uses"] == 2
+    assert datetime.fromisoformat(listed()["last_used_at"].replace("Z", "+00:00")) >= before
+    # A request the link does not answer is no use of it.
+    ShareLink.objects.filter(public_id=made["id"]).update(revoked_at=timezone.now())
+    assert anonymous().get(made["url"]).status_code == 404
+    assert listed()["uses"] == 2
