@@ -286,6 +286,10 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "kestrel_one.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    # No OPTIONS metadata: the OpenAPI schema describes every route, and DRF's metadata
+    # assumed a serializer and an object lookup that singleton and action routes lack (500s).
+    # OPTIONS is answered 405 like any method a route does not have.
+    "DEFAULT_METADATA_CLASS": None,
 }
 
 SPECTACULAR_SETTINGS = {

@@ -47,7 +47,7 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
         if organization is None:
             raise NotFound()
         self.organization = organization
-        method = "GET" if request.method in {"HEAD", "OPTIONS"} else request.method
+        method = "GET" if request.method == "HEAD" else request.method
         required = self.scope_map.get(method)
         if required is None:
             raise exceptions.MethodNotAllowed(request.method)

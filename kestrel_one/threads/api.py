@@ -112,9 +112,9 @@ class EventViewSet(ProjectScopedViewSet):
     )
     def list(self, request, *args, **kwargs):
         after = _non_negative(request.query_params.get("after", "0"), "after")
-        limit = min(
-            _non_negative(request.query_params.get("limit", "100"), "limit"), EVENTS_PAGE_MAX
-        )
+        # Clamped to 1..EVENTS_PAGE_MAX, as the replay's pages are.
+        limit = _non_negative(request.query_params.get("limit", "100"), "limit")
+        limit = max(1, min(limit, EVENTS_PAGE_MAX))
         events = list(
             self.get_queryset().filter(sequence__gt=after).order_by("sequence")[: limit + 1]
         )

@@ -301,6 +301,11 @@ def test_events_are_ordered_and_gap_free_under_concurrency(world, broker):
     page = owner.client().get(f"{threads_url(world)}/{thread}/events?after=10&limit=5").json()
     assert [e["sequence"] for e in page["results"]] == [11, 12, 13, 14, 15]
     assert page["next_after"] == 15
+    # A page holds at least one event, whatever limit asks for.
+    smallest = owner.client().get(f"{threads_url(world)}/{thread}/events?after=10&limit=0")
+    assert smallest.status_code == 200
+    assert [e["sequence"] for e in smallest.json()["results"]] == [11]
+    assert smallest.json()["next_after"] == 11
 
 
 @pytest.mark.spec("AUD-3", "AUD-4")
