@@ -304,6 +304,12 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+# Refusal records (403s, refused tokens and runner reports) per actor and kind per minute
+# in an organization; past it a refusal is logged, not recorded.
+KESTREL_AUDIT_REFUSALS_PER_MINUTE = env_int("KESTREL_AUDIT_REFUSALS_PER_MINUTE", 30)
+if KESTREL_AUDIT_REFUSALS_PER_MINUTE < 1:
+    raise ImproperlyConfigured("KESTREL_AUDIT_REFUSALS_PER_MINUTE must be at least 1")
+
 # API tokens: how long a new token lives unless the caller asks for less.
 KESTREL_TOKEN_DEFAULT_TTL = timedelta(days=env_int("KESTREL_TOKEN_DEFAULT_DAYS", 90))
 KESTREL_TOKEN_MAX_TTL = timedelta(days=env_int("KESTREL_TOKEN_MAX_DAYS", 365))

@@ -61,3 +61,9 @@ def test_hosted_check_deploy_shows_no_warning():
 def test_migrations_are_committed():
     result = run_manage({}, "makemigrations", "--check", "--dry-run")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_refusal_allowance_below_one_is_refused():
+    result = run_manage({"KESTREL_AUDIT_REFUSALS_PER_MINUTE": "0"}, "check")
+    assert result.returncode != 0
+    assert "KESTREL_AUDIT_REFUSALS_PER_MINUTE must be at least 1" in result.stderr

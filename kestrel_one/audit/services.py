@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -220,9 +221,17 @@ def _target_type(target) -> str:
 def audit_refusal_record(*, organization, actor, action: str, target=None, data: dict) -> None:
     """Record a refused request in its own transaction, so the refusal's rollback keeps it.
 
+    At most ``settings.KESTREL_AUDIT_REFUSALS_PER_MINUTE`` such records per actor and kind in
+    an organization: a caller that repeats a refused request in a loop (a leaked revoked
+    token, a misconfigured script) must not grow the log without bound. Past that, the
+    refusal is still answered the same; it is logged (``audit.refusals_capped``, once a minute
+    per process) instead of recorded.
+
     A failure to record is logged, never raised: the caller is already answering with a
     refusal, and turning it into a 500 would tell the caller more than the refusal does.
     """
+    if _refusals_capped(organization, actor.actor_id, action):
+        return
     try:
         with transaction.atomic():
             audit_record(
@@ -235,6 +244,39 @@ def audit_refusal_record(*, organization, actor, action: str, target=None, data:
             )
     except Exception:
         logger.exception("audit.refusal_not_recorded", action=action)
+
+
+REFUSAL_WINDOW = timedelta(minutes=1)
+# (organization pk, actor id, action) -> the window in which this process last logged it.
+_capped_logged: dict[tuple[int, str, str], int] = {}
+
+
+def _refusals_capped(organization, actor_id: str, action: str) -> bool:
+    """True once this actor's refusals of this kind filled the last minute's allowance."""
+    now = timezone.now()
+    recent = AuditRecord.objects.filter(
+        organization=organization,
+        created_at__gte=now - REFUSAL_WINDOW,
+        actor_id=actor_id,
+        action=action,
+        outcome=REFUSED,
+    )
+    allowance = settings.KESTREL_AUDIT_REFUSALS_PER_MINUTE
+    if recent[:allowance].count() < allowance:
+        return False
+    key, window = (organization.pk, actor_id, action), int(now.timestamp() // 60)
+    if _capped_logged.get(key) != window:
+        if len(_capped_logged) > 10_000:
+            _capped_logged.clear()
+        _capped_logged[key] = window
+        logger.warning(
+            "audit.refusals_capped",
+            organization=organization.slug,
+            actor=actor_id,
+            action=action,
+            per_minute=allowance,
+        )
+    return True
 
 
 def audit_authorization_refusal(*, organization, actor, method: str, path: str, reason: str):

@@ -86,3 +86,26 @@ def test_an_outsiders_probes_never_write_into_the_victims_log(world):
         assert call(outsider, method, url, body).status_code == 404, (method, url)
     assert len(probes) > 10
     assert AuditRecord.objects.filter(organization=world.org).count() == before
+
+
+@pytest.mark.spec("AUD-1")
+def test_a_refused_request_repeated_in_a_loop_stops_growing_the_log(world, settings, caplog):
+    settings.KESTREL_AUDIT_REFUSALS_PER_MINUTE = 3
+    member = world["member"].client()
+    for _ in range(6):
+        response = member.post("/api/v1/orgs/acme/environments", {"name": "x"}, format="json")
+        assert response.status_code == 403  # answered the same, recorded or not
+    assert refused(world.org).count() == 3
+    capped = [r for r in caplog.records if "audit.refusals_capped" in r.getMessage()]
+    assert len(capped) == 1  # logged once for the minute, not once per request
+    # Another actor, or another kind of refusal, has its own allowance.
+    viewer = world["viewer"].client()
+    refused_again = viewer.post("/api/v1/orgs/acme/environments", {"name": "x"}, format="json")
+    assert refused_again.status_code == 403
+    assert refused(world.org).filter(actor_id=world["viewer"].token.public_id).count() == 1
+    # Once the minute has passed, refusals are recorded again.
+    AuditRecord.objects.filter(organization=world.org, outcome="refused").update(
+        created_at=timezone.now() - timedelta(minutes=2)
+    )
+    member.post("/api/v1/orgs/acme/environments", {"name": "x"}, format="json")
+    assert refused(world.org).count() == 5
