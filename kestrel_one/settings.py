@@ -193,9 +193,14 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # Console sign-in lockout (django-axes): after KESTREL_LOGIN_FAILURE_LIMIT failures for one
 # email from one address, that pair is refused for KESTREL_LOGIN_LOCKOUT_MINUTES; a success
-# resets the count. Keyed on the pair, so nobody can lock a person out from elsewhere.
+# resets the count. Keyed on the pair, so the same person at another address can still
+# sign in (behind a reverse proxy every client shares one address: docs/operations.md).
 AXES_FAILURE_LIMIT = env_int("KESTREL_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("KESTREL_LOGIN_LOCKOUT_MINUTES", 15))
+if AXES_FAILURE_LIMIT < 1 or AXES_COOLOFF_TIME < timedelta(minutes=1):
+    raise ImproperlyConfigured(
+        "KESTREL_LOGIN_FAILURE_LIMIT and KESTREL_LOGIN_LOCKOUT_MINUTES must be at least 1"
+    )
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_USERNAME_CALLABLE = "kestrel_one.accounts.backends.sign_in_username"

@@ -67,3 +67,10 @@ def test_a_refusal_allowance_below_one_is_refused():
     result = run_manage({"KESTREL_AUDIT_REFUSALS_PER_MINUTE": "0"}, "check")
     assert result.returncode != 0
     assert "KESTREL_AUDIT_REFUSALS_PER_MINUTE must be at least 1" in result.stderr
+
+
+def test_a_login_limit_or_lockout_below_one_is_refused():
+    for name in ("KESTREL_LOGIN_FAILURE_LIMIT", "KESTREL_LOGIN_LOCKOUT_MINUTES"):
+        result = run_manage({name: "0"}, "check")
+        assert result.returncode != 0
+        assert "KESTREL_LOGIN_LOCKOUT_MINUTES must be at least 1" in result.stderr
