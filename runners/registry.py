@@ -265,6 +265,8 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                             "pattern": "^[A-Za-z0-9+/]*={0,2}$",
                         },
                         "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                        # Also remove what the checkpoint does not hold.
+                        "exact": {"type": "boolean"},
                     },
                     ["archive_b64", "sha256"],
                 ),

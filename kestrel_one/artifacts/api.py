@@ -118,6 +118,12 @@ class CheckpointRestoreSerializer(StrictSerializer):
         help_text="The thread (in the checkpoint's project) to request the restore in; the "
         "checkpoint's own thread by default.",
     )
+    exact = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Also remove the files and directories created since the checkpoint, so the "
+        "workspace ends exactly as it was. By default they are left in place.",
+    )
 
 
 def _share_response(link: ShareLink, token: str):
@@ -282,7 +288,12 @@ class CheckpointRestoreViewSet(ProjectScopedViewSet):
                 "Name a thread of this project to restore in.",
                 details={"thread": ["no such thread in this project"]},
             )
-        action = checkpoint_restore(actor=self.principal, checkpoint=checkpoint, thread=thread)
+        action = checkpoint_restore(
+            actor=self.principal,
+            checkpoint=checkpoint,
+            thread=thread,
+            exact=data.validated_data["exact"],
+        )
         # The archive travels in the action's arguments; the response names the action
         # instead of echoing megabytes back.
         return Response(

@@ -302,11 +302,13 @@ def _decoded_archive(result: dict) -> bytes | str:
     return archive
 
 
-def checkpoint_restore(*, actor, checkpoint: Checkpoint, thread):
+def checkpoint_restore(*, actor, checkpoint: Checkpoint, thread, exact: bool = False):
     """Request ``workspace.restore`` of a checkpoint through the normal action path.
 
     Policy (fs.write on the whole workspace), the thread's mode and approvals apply exactly
     as for any other call; this only fetches the archive and names it in the arguments.
+    ``exact`` asks the runner to remove what the checkpoint does not hold, and is part of
+    the arguments an approval binds to.
     """
     from kestrel_one.execution.services import action_request
 
@@ -325,6 +327,7 @@ def checkpoint_restore(*, actor, checkpoint: Checkpoint, thread):
         args={
             "archive_b64": base64.b64encode(archive).decode("ascii"),
             "sha256": checkpoint.artifact.sha256,
+            **({"exact": True} if exact else {}),
         },
     )
 

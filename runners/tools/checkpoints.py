@@ -10,8 +10,10 @@ match the SHA-256 the control plane recorded. Files are written through
 ``runners.workspace.Workspace``, link-free and atomically each; nothing is extracted by
 ``tarfile`` itself.
 
-A restore writes back every file and directory in the checkpoint and leaves files created
-since then in place (docs/records.md).
+A restore writes back every file and directory in the checkpoint. Files created since then
+stay in place, unless the restore is ``exact``: then everything the checkpoint does not hold
+is removed too, walking by directory descriptor and never following a link (a link is
+removed itself), so the workspace ends as the checkpoint was (docs/records.md).
 """
 
 from __future__ import annotations
@@ -167,12 +169,52 @@ def restore(args: dict[str, Any], *, workspace: Path, **_context: Any) -> dict[s
     for path, content in files:
         target.write(path, content)
         written += len(content)
+    removed = 0
+    if args.get("exact"):
+        keep = set(directories) | {path for path, _ in files}
+        root_fd = os.open(workspace, _DIR_FLAGS)
+        try:
+            removed = _remove_unlisted(root_fd, "", keep)
+        finally:
+            os.close(root_fd)
     return {
         "sha256": args["sha256"],
         "files": len(files),
         "directories": len(directories),
         "bytes": written,
+        "removed": removed,
     }
+
+
+def _remove_unlisted(dir_fd: int, prefix: str, keep: set[str]) -> int:
+    """Remove every entry below ``dir_fd`` whose path is not in ``keep``; returns how many.
+
+    ``keep`` is None inside a directory that is removed whole. A link is unlinked itself,
+    never followed; a write in progress (its temporary name) is left to finish.
+    """
+    removed = 0
+    for name in sorted(os.listdir(dir_fd)):
+        if name.startswith(_TEMP_PREFIX):
+            continue
+        path = prefix + name
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        listed = keep is not None and path in keep
+        if stat.S_ISDIR(info.st_mode):
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                raise PathRefused(path, "changed into a link while it was being removed") from None
+            try:
+                removed += _remove_unlisted(child, path + "/", keep if listed else None)
+            finally:
+                os.close(child)
+            if not listed:
+                os.rmdir(name, dir_fd=dir_fd)
+                removed += 1
+        elif not (listed and stat.S_ISREG(info.st_mode)):
+            os.unlink(name, dir_fd=dir_fd)
+            removed += 1
+    return removed
 
 
 def _validated_members(data: bytes) -> tuple[list[str], list[tuple[str, bytes]]]:

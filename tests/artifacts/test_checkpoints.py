@@ -83,6 +83,41 @@ def test_checkpoint_and_restore_round_trip(tmp_path):
 
 
 @pytest.mark.spec("RUN-6")
+def test_an_exact_restore_removes_what_came_since_and_follows_no_link(tmp_path):
+    source = tmp_path / "a"
+    (source / "src").mkdir(parents=True)
+    (source / "src" / "app.py").write_text("v1\n")
+    (source / "docs").mkdir()
+    taken = run_tool("workspace.checkpoint", {}, source)
+    args = {"archive_b64": taken["archive_b64"], "sha256": taken["sha256"], "exact": True}
+
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "precious.txt").write_text("not the workspace's\n")
+    (source / "src" / "app.py").write_text("v2\n")
+    (source / "src" / "new.py").write_text("made later\n")
+    (source / "build" / "deep").mkdir(parents=True)
+    (source / "build" / "deep" / "out.o").write_bytes(b"\0")
+    (source / "docs" / "escape").symlink_to(outside / "keep")
+    (source / "link.txt").symlink_to(outside / "keep" / "precious.txt")
+    os.mkfifo(source / "pipe")
+    (source / ".kestrel-tmp-write").write_text("a write in progress\n")
+
+    restored = run_tool("workspace.restore", args, source)
+    # new.py, build, build/deep, build/deep/out.o, docs/escape, link.txt, pipe
+    assert restored["removed"] == 7
+    remaining = sorted(str(p.relative_to(source)) for p in source.rglob("*"))
+    assert remaining == [".kestrel-tmp-write", "docs", "src", "src/app.py"]
+    assert (source / "src" / "app.py").read_text() == "v1\n"
+    # The links were removed themselves; what they pointed at is untouched.
+    assert (outside / "keep" / "precious.txt").read_text() == "not the workspace's\n"
+    # Without exact, a restore removes nothing.
+    (source / "src" / "new.py").write_text("made later\n")
+    plain = run_tool("workspace.restore", {**args, "exact": False}, source)
+    assert plain["removed"] == 0 and (source / "src" / "new.py").exists()
+
+
+@pytest.mark.spec("RUN-6")
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])
 def test_checkpoint_refuses_links_and_special_files(tmp_path, kind):
     (tmp_path / "ok.txt").write_text("ok")
@@ -227,3 +262,23 @@ def test_restore_is_requested_as_an_action_under_policy(world, records, tmp_path
     assert denied.status_code == 201 and denied.json()["state"] == "denied"
     other = world["member"].client().post(url, {"thread": world.thread.public_id}, format="json")
     assert other.status_code == 400 and "thread" in other.json()["error"]["details"]
+
+
+def test_an_exact_restore_is_named_in_the_arguments_an_approval_binds(world, records):
+    action = records.run("workspace.checkpoint", {}, workspace_archive({"a.txt": "v1\n"}))
+    checkpoint = Checkpoint.objects.get(action=action)
+    url = (
+        f"/api/v1/orgs/acme/projects/{records.project.public_id}"
+        f"/checkpoints/{checkpoint.public_id}/restore"
+    )
+    member = world["member"].client()
+    exact = member.post(url, {"exact": True}, format="json")
+    plain = member.post(url, {}, format="json")
+    assert exact.status_code == plain.status_code == 201
+    exact_action = Action.objects.get(public_id=exact.json()["action"])
+    plain_action = Action.objects.get(public_id=plain.json()["action"])
+    assert exact_action.args["exact"] is True and "exact" not in plain_action.args
+    assert exact_action.args_digest != plain_action.args_digest
+    validate_args("workspace.restore", exact_action.args)
+    wrong = member.post(url, {"exact": "yes please"}, format="json")
+    assert wrong.status_code == 400 and "exact" in wrong.json()["error"]["details"]
