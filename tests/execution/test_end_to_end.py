@@ -167,3 +167,27 @@ def test_a_call_outliving_the_started_delay_is_running_before_it_finishes(e2e):
     assert finished.state == ActionState.SUCCEEDED, finished.error
     assert finished.result["stdout"] == "went\n"
     assert_receipt(finished)
+
+
+@pytest.mark.spec("AUD-5", "RUN-6")
+def test_a_checkpoint_is_taken_kept_and_restored_exactly_end_to_end(e2e):
+    from kestrel_one.artifacts.models import Checkpoint
+    from kestrel_one.artifacts.services import checkpoint_restore
+
+    assert run(e2e, "fs.write", {"path": "src/app.py", "content": "v1\n"}).result["size"] == 3
+    taken = run(e2e, "workspace.checkpoint", {})
+    assert taken.state == ActionState.SUCCEEDED, taken.error
+    checkpoint = Checkpoint.objects.get(action=taken)
+    assert taken.result["checkpoint"] == checkpoint.public_id and taken.result["files"] == 1
+
+    run(e2e, "fs.write", {"path": "src/app.py", "content": "v2\n"})
+    run(e2e, "fs.write", {"path": "later/notes.txt", "content": "made after\n"})
+    restore = checkpoint_restore(
+        actor=e2e["actor"], checkpoint=checkpoint, thread=e2e["thread"], exact=True
+    )
+    restored = run_until_done(e2e, restore)
+    assert restored.state == ActionState.SUCCEEDED, restored.error
+    assert restored.result["removed"] == 2  # later/ and later/notes.txt
+    assert (e2e["workspace"] / "src" / "app.py").read_text() == "v1\n"
+    assert not (e2e["workspace"] / "later").exists()
+    assert_receipt(restored)
