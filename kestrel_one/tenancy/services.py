@@ -233,12 +233,23 @@ def project_create(
     project = Project.objects.create(
         organization=organization, environment=environment, name=name, description=description
     )
+    # A member limited to some projects is granted the one they make: otherwise its own
+    # creator could not see it.
+    membership = actor.membership_in(organization)
+    granted = membership is not None and not membership.all_projects
+    if granted:
+        for perm in PROJECT_PERMISSIONS:
+            assign_perm(f"tenancy.{perm}", membership.user, project)
     audit_record(
         organization=organization,
         actor=actor,
         action="project.create",
         target=project,
-        data={"name": name, "environment": environment.public_id},
+        data={
+            "name": name,
+            "environment": environment.public_id,
+            **({"granted_to_creator": membership.public_id} if granted else {}),
+        },
     )
     return project
 

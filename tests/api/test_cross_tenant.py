@@ -14,6 +14,7 @@ from django.db import transaction
 
 from kestrel_one.accounts.scopes import ROLE_SCOPES
 from kestrel_one.api.base import OrgScopedViewSet
+from kestrel_one.audit.models import AuditRecord
 from tests.api.routes import BODIES, KWARGS, QUERIES, SELF_SERVICE, org_scoped_routes
 
 # Objects a role may not see even inside its organization (a member sees only own tokens).
@@ -216,3 +217,39 @@ def test_limited_member_sees_only_granted_projects(world):
     missing = client.get("/api/v1/orgs/acme/projects/prj_00000000000000000000000000")
     assert hidden.status_code == missing.status_code == 404
     assert hidden.content == missing.content
+
+
+@pytest.mark.spec("TEN-3")
+def test_an_admin_limited_to_projects_sees_the_project_they_create_and_nothing_more(world):
+    admin = world["admin"]
+    limited = (
+        world["owner"]
+        .client()
+        .patch(
+            f"/api/v1/orgs/acme/members/{admin.membership.public_id}",
+            {"projects": [world.other_project.public_id]},
+            format="json",
+        )
+    )
+    assert limited.status_code == 200, limited.content
+    client = admin.client()
+    made = client.post(
+        "/api/v1/orgs/acme/projects",
+        {"name": "their-own", "environment": world.environment.public_id},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    listed = client.get("/api/v1/orgs/acme/projects").json()["results"]
+    assert sorted(p["id"] for p in listed) == sorted(
+        [world.other_project.public_id, made.json()["id"]]
+    )
+    thread = client.post(
+        f"/api/v1/orgs/acme/projects/{made.json()['id']}/threads", {"title": "t"}, format="json"
+    )
+    assert thread.status_code == 201
+    assert client.get(f"/api/v1/orgs/acme/projects/{world.project.public_id}").status_code == 404
+    membership = admin.membership
+    membership.refresh_from_db()
+    assert membership.all_projects is False  # still limited, now to two projects
+    record = AuditRecord.objects.get(action="project.create", target_id=made.json()["id"])
+    assert record.data["granted_to_creator"] == membership.public_id
