@@ -1,6 +1,7 @@
-"""OpenAPI descriptions of Kestrel One's own authentication classes."""
+"""OpenAPI descriptions of what drf-spectacular cannot infer: our authentication classes and
+strict request bodies."""
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 
 
 class KestrelTokenScheme(OpenApiAuthenticationExtension):
@@ -25,3 +26,16 @@ class ConsoleSessionScheme(OpenApiAuthenticationExtension):
             "name": "sessionid",
             "description": "Schema and docs only; the API never accepts the session.",
         }
+
+
+class StrictSerializerScheme(OpenApiSerializerExtension):
+    """A strict serializer refuses unknown fields, so its request schema says so."""
+
+    target_class = "kestrel_one.api.serializers.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction == "request":
+            schema["additionalProperties"] = False
+        return schema

@@ -62,8 +62,12 @@ class CheckpointSerializer(serializers.Serializer):
 
 class ShareLinkSerializer(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id", read_only=True)
-    artifact = serializers.CharField(source="artifact.public_id", default=None, read_only=True)
-    thread = serializers.CharField(source="thread.public_id", default=None, read_only=True)
+    artifact = serializers.CharField(
+        source="artifact.public_id", default=None, read_only=True, allow_null=True
+    )
+    thread = serializers.CharField(
+        source="thread.public_id", default=None, read_only=True, allow_null=True
+    )
     active = serializers.SerializerMethodField()
 
     class Meta:

@@ -380,7 +380,7 @@ class PlanSerializer(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id", read_only=True)
     thread = serializers.CharField(source="thread.public_id", read_only=True)
     accepted_by = serializers.CharField(
-        source="accepted_by.public_id", default=None, read_only=True
+        source="accepted_by.public_id", default=None, read_only=True, allow_null=True
     )
 
     class Meta:

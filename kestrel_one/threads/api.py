@@ -87,7 +87,9 @@ class ThreadEndViewSet(ProjectScopedViewSet):
 
 
 class EventSerializer(serializers.ModelSerializer):
-    action = serializers.CharField(source="action.public_id", default=None, read_only=True)
+    action = serializers.CharField(
+        source="action.public_id", default=None, read_only=True, allow_null=True
+    )
 
     class Meta:
         model = ThreadEvent

@@ -30,6 +30,28 @@ def test_schema_and_docs_are_served(world):
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
 
 
+def test_the_schema_says_what_the_server_enforces(world):
+    """Request bodies refuse unknown fields, and references that may be absent are null."""
+    schema = json.loads(world["owner"].client().get("/api/v1/schema?format=json").content)
+    components = schema["components"]["schemas"]
+    requests = {name: c for name, c in components.items() if name.endswith("Request")}
+    assert len(requests) > 10
+    assert [n for n, c in requests.items() if c.get("additionalProperties") is not False] == []
+    for component, field in (
+        ("ShareLink", "artifact"),
+        ("ShareLink", "thread"),
+        ("Plan", "accepted_by"),
+    ):
+        assert components[component]["properties"][field]["nullable"] is True, (component, field)
+    # And it does refuse one.
+    unknown = (
+        world["owner"]
+        .client()
+        .post("/api/v1/orgs/acme/environments", {"name": "x", "colour": "red"}, format="json")
+    )
+    assert unknown.status_code == 400 and "colour" in unknown.json()["error"]["details"]
+
+
 def test_unknown_route_is_a_json_404(world):
     response = world["owner"].client().get("/api/v1/nowhere")
     assert response.status_code == 404
