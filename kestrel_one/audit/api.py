@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers
-from rest_framework.pagination import CursorPagination
 
 from kestrel_one.api.base import OrgScopedViewSet
+from kestrel_one.api.pagination import PublicIdCursorPagination
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.audit.selectors import audit_records_filter
@@ -24,13 +24,10 @@ AUDIT_PROJECTION_MAX_BYTES = 4096
 PAGINATION_PARAMS = {"cursor", "limit"}
 
 
-class AuditCursorPagination(CursorPagination):
+class AuditCursorPagination(PublicIdCursorPagination):
     """Newest first by chain sequence, which is unique within the (always filtered) org."""
 
     ordering = "-sequence"
-    page_size = 50
-    page_size_query_param = "limit"
-    max_page_size = 200
 
 
 class AuditRecordSerializer(serializers.ModelSerializer):

@@ -173,6 +173,14 @@ def test_lists_paginate_with_a_cursor_and_filter(world):
     assert pages == 3
     assert len(seen) == len(set(seen)) == 7
     assert seen == sorted(seen), "ids are time-ordered, so the cursor walks in creation order"
+    # limit is clamped to 1..200; anything but a whole number is refused, never ignored.
+    for path in ("/api/v1/orgs/acme/environments", "/api/v1/orgs/acme/audit"):
+        assert len(owner.get(f"{path}?limit=0").json()["results"]) == 1
+        assert len(owner.get(f"{path}?limit=100000").json()["results"]) <= 200
+        for bad in ("abc", "-1", "null", "2.5"):
+            refused = owner.get(f"{path}?limit={bad}")
+            assert refused.status_code == 400, (path, bad)
+            assert refused.json()["error"]["details"] == {"limit": ["invalid"]}
     filtered = owner.get("/api/v1/orgs/acme/environments?name=bulk").json()["results"]
     assert len(filtered) == 5
     by_env = owner.get(f"/api/v1/orgs/acme/projects?environment={world.environment.public_id}")
