@@ -54,8 +54,12 @@ def _set_project_grants(membership: Membership, projects: list[Project] | None) 
         for perm in PROJECT_PERMISSIONS:
             remove_perm(f"tenancy.{perm}", membership.user, project)
     for project in projects or []:
-        for perm in PROJECT_PERMISSIONS:
-            assign_perm(f"tenancy.{perm}", membership.user, project)
+        _grant_project(membership.user, project)
+
+
+def _grant_project(user, project: Project) -> None:
+    for perm in PROJECT_PERMISSIONS:
+        assign_perm(f"tenancy.{perm}", user, project)
 
 
 @transaction.atomic
@@ -238,8 +242,7 @@ def project_create(
     membership = actor.membership_in(organization)
     granted = membership is not None and not membership.all_projects
     if granted:
-        for perm in PROJECT_PERMISSIONS:
-            assign_perm(f"tenancy.{perm}", membership.user, project)
+        _grant_project(membership.user, project)
     audit_record(
         organization=organization,
         actor=actor,
