@@ -141,3 +141,16 @@ def token_authenticate(plaintext: str) -> ApiToken | None:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
     return token
+
+
+def sign_in_attempts_expire(*, now: datetime | None = None) -> int:
+    """Delete failed sign-in attempts whose lockout window has passed; returns how many.
+
+    django-axes clears them only when someone signs in again, so without this sweep the
+    email, address and user agent of an old failure would stay for good.
+    """
+    from axes.models import AccessAttempt
+
+    cutoff = (now or timezone.now()) - settings.AXES_COOLOFF_TIME
+    deleted, _ = AccessAttempt.objects.filter(attempt_time__lt=cutoff).delete()
+    return deleted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import structlog
 
+from kestrel_one.accounts.services import sign_in_attempts_expire
 from kestrel_one.artifacts.services import retention_sweep
 from kestrel_one.celery import app
 
@@ -21,3 +22,7 @@ def retention() -> None:
     for slug, counts in swept.items():
         if any(counts.values()):
             logger.info("retention sweep deleted expired records", organization=slug, **counts)
+    # Not an organization's data: failed console sign-ins, kept only while they can lock out.
+    attempts = sign_in_attempts_expire()
+    if attempts:
+        logger.info("retention sweep deleted expired sign-in attempts", count=attempts)

@@ -116,3 +116,17 @@ def test_the_admin_sign_in_is_locked_out_too(email):
     ]
     assert statuses == [200, 200, 200, 200, 429]
     assert sign_in(email, PASSWORD).status_code == 429
+
+
+def test_the_hourly_sweep_forgets_attempts_whose_lockout_has_passed(email, settings):
+    from kestrel_one.artifacts.tasks import retention
+
+    fail(email, 2)
+    fail("someone@else.example", 1, address="198.51.100.2")
+    AccessAttempt.objects.filter(username="someone@else.example").update(
+        attempt_time=timezone.now() - settings.AXES_COOLOFF_TIME - timedelta(seconds=1)
+    )
+    retention()  # the beat task, run in this process
+    assert list(AccessAttempt.objects.values_list("username", "failures_since_start")) == [
+        (email, 2)
+    ]
