@@ -22,17 +22,26 @@ TOKEN_HEADER = "HTTP_X_KESTREL_TOKEN"  # noqa: S105 - a header name
 
 
 def presented_token(request) -> str | None:
-    """The token the request carries, from either header; '' when a header is present but empty."""
+    """The token the request carries, from either header; '' when a header is present but empty.
+
+    Both headers may be sent only with the same token: which of two credentials a request
+    acts with is never guessed.
+    """
     authorization = request.META.get("HTTP_AUTHORIZATION")
+    header = request.META.get(TOKEN_HEADER)
+    bearer = None
     if authorization is not None:
         scheme, _, credentials = authorization.partition(" ")
         if scheme.lower() != "bearer":
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer TOKEN'.")
-        return credentials.strip()
-    header = request.META.get(TOKEN_HEADER)
+        bearer = credentials.strip()
     if header is not None:
-        return header.strip()
-    return None
+        header = header.strip()
+        if bearer is not None and not hmac.compare_digest(bearer.encode(), header.encode()):
+            raise exceptions.AuthenticationFailed(
+                "Authorization and X-Kestrel-Token carry different tokens; send one."
+            )
+    return bearer if bearer is not None else header
 
 
 def is_loopback(address: str | None) -> bool:

@@ -66,6 +66,20 @@ def test_both_headers_authenticate(world, header):
     assert response.json()["role"] == "viewer"
 
 
+def test_two_headers_must_carry_the_same_token(world):
+    viewer, owner = world["viewer"].plaintext, world["owner"].plaintext
+    client = APIClient(REMOTE_ADDR="203.0.113.7")
+    same = client.get(
+        "/api/v1/orgs/acme", HTTP_AUTHORIZATION=f"Bearer {viewer}", HTTP_X_KESTREL_TOKEN=viewer
+    )
+    assert same.status_code == 200 and same.json()["role"] == "viewer"
+    differ = client.get(
+        "/api/v1/orgs/acme", HTTP_AUTHORIZATION=f"Bearer {viewer}", HTTP_X_KESTREL_TOKEN=owner
+    )
+    assert differ.status_code == 401
+    assert "different tokens" in differ.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     "value",
     ["Bearer kst_aaaaaaaaaaaa_" + "x" * 43, "Bearer nonsense", "Basic dXNlcjpwYXNz", "Bearer "],
