@@ -93,19 +93,14 @@ class ShareLinkSerializer(serializers.ModelSerializer):
 
 
 class ShareCreateSerializer(StrictSerializer):
+    # The maximum is read once, at start, like every setting, so the schema states it too.
     expires_in = serializers.IntegerField(
         min_value=60,
+        max_value=settings.KESTREL_SHARE_MAX_SECONDS,
         required=False,
         help_text="Seconds until the link stops working (at most KESTREL_SHARE_MAX_SECONDS, "
         "30 days by default).",
     )
-
-    def validate_expires_in(self, value: int) -> int:
-        if value > settings.KESTREL_SHARE_MAX_SECONDS:
-            raise serializers.ValidationError(
-                f"Ensure this value is less than or equal to {settings.KESTREL_SHARE_MAX_SECONDS}."
-            )
-        return value
 
 
 class RetentionSerializer(StrictSerializer):

@@ -43,6 +43,8 @@ def test_the_schema_says_what_the_server_enforces(world):
         ("Plan", "accepted_by"),
     ):
         assert components[component]["properties"][field]["nullable"] is True, (component, field)
+    share = components["ShareCreateRequest"]["properties"]["expires_in"]
+    assert (share["minimum"], share["maximum"]) == (60, 30 * 24 * 60 * 60)
     # And it does refuse one.
     unknown = (
         world["owner"]
