@@ -109,10 +109,11 @@ class AuditRecordViewSet(mixins.ListModelMixin, OrgScopedViewSet):
         return super().list(request, *args, **kwargs)
 
     def filter_queryset(self, queryset):
+        # A blank filter (``?actor=``, what an empty form field sends) filters nothing.
         params = {
             key: value
             for key, value in self.request.query_params.items()
-            if key not in PAGINATION_PARAMS
+            if key not in PAGINATION_PARAMS and value != ""
         }
         query = AuditQuerySerializer(data=params)
         query.is_valid(raise_exception=True)
