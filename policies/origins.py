@@ -105,7 +105,8 @@ def parse_origin(text: str, *, allow_ip_literals: bool) -> Origin:
         raise ValueError(problem)
     if port_text is None:
         raise ValueError(f"port is required, e.g. '{scheme}://{host}:{_DEFAULT_PORTS[scheme]}'")
-    if not port_text.isdigit() or port_text.startswith("0") or not 1 <= int(port_text) <= 65535:
+    ascii_number = port_text.isascii() and port_text.isdigit()  # no fullwidth or superscript digits
+    if not ascii_number or port_text.startswith("0") or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"port '{port_text}' is not a number from 1 to 65535")
     origin = Origin(scheme, host.strip("[]"), int(port_text))
     if origin.is_ip_literal and not allow_ip_literals:

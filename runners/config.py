@@ -96,7 +96,7 @@ class RunnerConfig:
                 f"KESTREL_SANDBOX must be one of {', '.join(SANDBOX_CHOICES)}, got {sandbox!r}"
             )
         max_call = env.get("KESTREL_MAX_CALL_SECONDS", str(DEFAULT_MAX_CALL_SECONDS)).strip()
-        if not max_call.isdigit() or int(max_call) < 1:
+        if not (max_call.isascii() and max_call.isdigit()) or int(max_call) < 1:
             raise RunnerConfigError(
                 f"KESTREL_MAX_CALL_SECONDS must be a positive whole number, got {max_call!r}"
             )

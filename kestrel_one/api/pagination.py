@@ -19,7 +19,7 @@ class PublicIdCursorPagination(CursorPagination):
         value = request.query_params.get(self.page_size_query_param)
         if value is None:
             return self.page_size
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise ValidationFailed(
                 "limit must be a whole number ≥ 0.", details={"limit": ["invalid"]}
             )

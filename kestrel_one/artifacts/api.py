@@ -332,7 +332,7 @@ def _retention_body(retention: OrganizationRetention) -> dict:
 
 
 def _whole_number(value: str, name: str) -> int:
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise ValidationFailed(f"{name} must be a whole number ≥ 0.", details={name: ["invalid"]})
     return int(value)
 

@@ -132,6 +132,6 @@ class EventViewSet(ProjectScopedViewSet):
 
 
 def _non_negative(value: str, name: str) -> int:
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise ValidationFailed(f"{name} must be a whole number ≥ 0.", details={name: ["invalid"]})
     return int(value)

@@ -179,7 +179,7 @@ def test_lists_paginate_with_a_cursor_and_filter(world):
     for path in ("/api/v1/orgs/acme/environments", "/api/v1/orgs/acme/audit"):
         assert len(owner.get(f"{path}?limit=0").json()["results"]) == 1
         assert len(owner.get(f"{path}?limit=100000").json()["results"]) <= 200
-        for bad in ("abc", "-1", "null", "2.5"):
+        for bad in ("abc", "-1", "null", "2.5", "\u00b2", "\uff15"):
             refused = owner.get(f"{path}?limit={bad}")
             assert refused.status_code == 400, (path, bad)
             assert refused.json()["error"]["details"] == {"limit": ["invalid"]}

@@ -306,6 +306,9 @@ def test_events_are_ordered_and_gap_free_under_concurrency(world, broker):
     assert smallest.status_code == 200
     assert [e["sequence"] for e in smallest.json()["results"]] == [11]
     assert smallest.json()["next_after"] == 11
+    for bad in ("after=\u00b2", "limit=\u00b2", "after=-1"):
+        refused = owner.client().get(f"{threads_url(world)}/{thread}/events?{bad}")
+        assert refused.status_code == 400, bad
 
 
 @pytest.mark.spec("AUD-3", "AUD-4")

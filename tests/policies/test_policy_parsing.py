@@ -101,6 +101,13 @@ MALFORMED = [
         "lower case",
     ),
     (caps(net_http={"allow": ["https://a.com:0"]}), "capabilities.net.http.allow[0]", "port"),
+    # Digits that are not ASCII (fullwidth, superscript) are no port number.
+    (
+        caps(net_http={"allow": ["https://a.com:\uff18\uff10"]}),
+        "capabilities.net.http.allow[0]",
+        "is not a number",
+    ),
+    (caps(net_http={"allow": ["https://a.com:\u00b2"]}), "capabilities.net.http.allow[0]", "port"),
     (
         caps(net_http={"allow": ["https://a.com:443"], "allow_ip_literals": "yes"}),
         "capabilities.net.http.allow_ip_literals",

@@ -95,6 +95,7 @@ def test_state_needs_redis_when_the_broker_is_not(environ):
         ("KESTREL_SANDBOX", "none"),
         ("KESTREL_MAX_CALL_SECONDS", "0"),
         ("KESTREL_MAX_CALL_SECONDS", "ten"),
+        ("KESTREL_MAX_CALL_SECONDS", "\u00b2"),
         ("KESTREL_STARTED_REPORT_DELAY_SECONDS", "-1"),
         ("KESTREL_STARTED_REPORT_DELAY_SECONDS", "soon"),
         ("KESTREL_STARTED_REPORT_DELAY_SECONDS", "nan"),
