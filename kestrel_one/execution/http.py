@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -117,9 +118,11 @@ def wait_seconds(request) -> float:
     try:
         seconds = float(raw)
     except ValueError:
-        raise ValidationFailed(
-            "wait must be a number of seconds.", details={"wait": ["invalid"]}
-        ) from None
+        seconds = math.nan
+    # NaN compares false with everything, so it would pass every bound below and turn the
+    # long poll into a loop that never times out.
+    if math.isnan(seconds):
+        raise ValidationFailed("wait must be a number of seconds.", details={"wait": ["invalid"]})
     if seconds < 0:
         raise ValidationFailed("wait must not be negative.", details={"wait": ["invalid"]})
     return min(seconds, settings.KESTREL_MAX_WAIT_SECONDS)

@@ -429,5 +429,7 @@ def test_long_poll_returns_when_the_action_settles(world, broker):
         format="json",
     )
     assert response.json()["state"] == "awaiting_approval"  # settled: needs a person
-    bad = owner.get(action_url(world, thread, response.json()["id"]) + "?wait=soon")
-    assert bad.status_code == 400 and "wait" in bad.json()["error"]["details"]
+    # NaN would pass every bound (it compares false) and make the poll never time out.
+    for value in ("soon", "nan", "NaN", "-nan", "-1"):
+        bad = owner.get(action_url(world, thread, response.json()["id"]) + f"?wait={value}")
+        assert bad.status_code == 400 and "wait" in bad.json()["error"]["details"], value
