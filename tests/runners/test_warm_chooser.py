@@ -32,6 +32,23 @@ def test_turned_off_every_call_runs_fresh(monkeypatch):
     assert chooser("docker").max_containers == 0
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("KESTREL_WARM_IDLE_SECONDS", "nan"),
+        ("KESTREL_WARM_IDLE_SECONDS", "-5"),
+        ("KESTREL_WARM_IDLE_SECONDS", "0"),
+        ("KESTREL_WARM_IDLE_SECONDS", "soon"),
+        ("KESTREL_WARM_MAX_CONTAINERS", "0"),
+        ("KESTREL_WARM_MAX_CONTAINERS", "-1"),
+        ("KESTREL_WARM_MAX_CONTAINERS", "many"),
+    ],
+)
+def test_bad_warm_settings_are_refused_with_the_variable_named(name, value):
+    with pytest.raises(ValueError, match=name):
+        worker.WarmBackendChooser.from_environment({name: value})
+
+
 def test_other_choices_and_failures_are_not_cached(monkeypatch):
     other = object()
     outcomes = [SandboxUnavailable("no engine"), other, other]
