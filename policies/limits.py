@@ -30,9 +30,13 @@ def limit_value_problem(name: str, value: object) -> str | None:
     """Why ``value`` cannot be a ceiling (or a requested amount) for ``name``, or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "must be a number"
-    if name in INTEGER_LIMITS and not float(value).is_integer():
-        return "must be a whole number"
-    if not math.isfinite(value) or value <= 0:
+    # An int is compared as an int: one with hundreds of digits has no float to become.
+    if isinstance(value, float):
+        if name in INTEGER_LIMITS and not value.is_integer():
+            return "must be a whole number"
+        if not math.isfinite(value):
+            return "must be a positive number"
+    if value <= 0:
         return "must be a positive number"
     if value > MAX_LIMITS[name]:
         return f"must be at most {MAX_LIMITS[name]}"

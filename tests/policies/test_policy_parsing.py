@@ -66,6 +66,17 @@ MALFORMED = [
         "capabilities.shell.exec.limits.pids",
         "at most",
     ),
+    # An integer too large for a float is still just too large, not an error of ours.
+    (
+        caps(shell_exec={"limits": {"timeout_s": 10**400}}),
+        "capabilities.shell.exec.limits.timeout_s",
+        "at most 3600",
+    ),
+    (
+        caps(shell_exec={"limits": {"memory_mb": -(10**400)}}),
+        "capabilities.shell.exec.limits.memory_mb",
+        "positive",
+    ),
     (caps(code_exec={"limits": {"gpus": 1}}), "capabilities.code.exec.limits.gpus", "unknown key"),
     (caps(code_exec={"limits": [60]}), "capabilities.code.exec.limits", "must be an object"),
     (
