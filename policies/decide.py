@@ -96,7 +96,7 @@ def _judge_limits(
         elif (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or not math.isfinite(value)
+            or (isinstance(value, float) and not math.isfinite(value))
             or value <= 0
         ):
             denials.append(f"requested {name} {value!r} is not a positive number")

@@ -45,7 +45,9 @@ def limit_value_problem(name: str, value: object) -> str | None:
 
 def canonical_number(value: float) -> int | float:
     """``60.0`` and ``60`` mean the same ceiling; give both the same document form."""
-    return int(value) if float(value).is_integer() else float(value)
+    if isinstance(value, int):
+        return value
+    return int(value) if value.is_integer() else value
 
 
 @dataclass(frozen=True)

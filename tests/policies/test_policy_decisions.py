@@ -124,6 +124,9 @@ def test_limit_above_the_ceiling_is_denied():
     assert decision.outcome == "deny"
     assert decision.reasons == ("requested timeout_s 120 exceeds the ceiling 60",)
     assert dict(decision.limits) == {}
+    # An integer with no float form is just as much above it.
+    huge = judge(Request("shell.exec", command="git", limits={"timeout_s": 10**400}))
+    assert huge.outcome == "deny" and "exceeds the ceiling 60" in huge.reasons[0]
 
 
 def test_program_outside_the_allowlist_is_denied():
