@@ -617,7 +617,7 @@ def unverified_call_id(token: Any) -> str | None:
     """
     try:
         payload = json.loads(_b64decode(str(token).split(".")[1]))
-    except (ValueError, IndexError, UnicodeDecodeError):
+    except (ValueError, IndexError, UnicodeDecodeError, RecursionError):
         return None
     jti = payload.get("jti") if isinstance(payload, dict) else None
     return jti if _is_public_id(jti) else None
@@ -715,6 +715,8 @@ def _unverified_header(token: Any, refused: type[ProtocolError]) -> dict[str, An
         header = jwt.get_unverified_header(token)
     except jwt.exceptions.PyJWTError as error:
         raise refused("malformed", f"unreadable header: {error}") from None
+    except RecursionError:  # JSON nested deeper than the decoder goes; PyJWT lets it through
+        raise refused("malformed", "unreadable header: nested too deeply") from None
     return header
 
 
@@ -751,7 +753,7 @@ def _verified_parts(
             object_pairs_hook=_no_duplicate_keys,
             parse_constant=_no_constants,
         )
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise refused("malformed", f"payload is not strict JSON: {error}") from None
     if not isinstance(claims, dict):
         raise refused("malformed", "payload must be a JSON object")

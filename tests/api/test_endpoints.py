@@ -54,6 +54,21 @@ def test_the_schema_says_what_the_server_enforces(world):
     assert unknown.status_code == 400 and "colour" in unknown.json()["error"]["details"]
 
 
+def test_a_body_nested_deeper_than_the_decoder_goes_is_a_400(world):
+    response = (
+        world["owner"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/environments",
+            data="[" * 100_000 + "]" * 100_000,
+            content_type="application/json",
+        )
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "parse_error"
+    assert "nested too deeply" in response.json()["error"]["message"]
+
+
 def test_unknown_route_is_a_json_404(world):
     response = world["owner"].client().get("/api/v1/nowhere")
     assert response.status_code == 404

@@ -239,6 +239,22 @@ def test_args_changed_with_matching_digest_but_not_resigned_is_refused():
     assert refusal_code(with_payload(token, payload)) == "bad_signature"
 
 
+def test_json_nested_deeper_than_the_decoder_goes_is_refused_not_raised():
+    deep = b"[" * 100_000 + b"]" * 100_000
+    token = signed_command()
+    _, payload, signature = token.split(".")
+    deep_header = f"{b64(deep)}.{payload}.{signature}"
+    assert refusal_code(deep_header) == "malformed"
+    with pytest.raises(ResultRefused) as refused:
+        unverified_runner_id(deep_header)
+    assert refused.value.code == "malformed"
+    # A validly signed token whose payload is that deep is refused the same way.
+    header = {"alg": "EdDSA", "typ": "kestrel-command+jwt", "kid": "control"}
+    deep_payload = raw_signed(header, deep)
+    assert refusal_code(deep_payload) == "malformed"
+    assert unverified_call_id(deep_payload) is None
+
+
 def test_unsigned_alg_none_is_refused():
     header = b64(b'{"alg":"none","kid":"control","typ":"kestrel-command+jwt"}')
     payload = b64(canonical_json(payload_of(signed_command())))
