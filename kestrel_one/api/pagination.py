@@ -2,7 +2,7 @@
 
 from rest_framework.pagination import CursorPagination
 
-from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.api.params import page_limit
 
 
 class PublicIdCursorPagination(CursorPagination):
@@ -16,11 +16,4 @@ class PublicIdCursorPagination(CursorPagination):
 
         DRF would quietly use the default page size for ``limit=abc``, hiding the mistake.
         """
-        value = request.query_params.get(self.page_size_query_param)
-        if value is None:
-            return self.page_size
-        if not (value.isascii() and value.isdigit()):
-            raise ValidationFailed(
-                "limit must be a whole number ≥ 0.", details={"limit": ["invalid"]}
-            )
-        return max(1, min(int(value), self.max_page_size))
+        return page_limit(request, default=self.page_size, maximum=self.max_page_size)

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
+from kestrel_one.api.params import whole_number_param
 from kestrel_one.api.permissions import AllowAny
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.artifacts.models import Artifact, Checkpoint, OrganizationRetention, ShareLink
@@ -243,8 +244,8 @@ class ReplayViewSet(ProjectScopedViewSet):
         responses={200: OpenApiTypes.OBJECT},
     )
     def retrieve(self, request, *args, **kwargs):
-        after = _whole_number(request.query_params.get("after", "0"), "after")
-        limit = _whole_number(request.query_params.get("limit", str(REPLAY_PAGE_DEFAULT)), "limit")
+        after = whole_number_param(request, "after", 0)
+        limit = whole_number_param(request, "limit", REPLAY_PAGE_DEFAULT)  # the replay clamps it
         return Response(thread_replay(thread=self.thread, after=after, limit=limit))
 
 
@@ -331,12 +332,6 @@ def _retention_body(retention: OrganizationRetention) -> dict:
     return {name: getattr(retention, name) for name in RETENTION_FIELDS}
 
 
-def _whole_number(value: str, name: str) -> int:
-    if not (value.isascii() and value.isdigit()):
-        raise ValidationFailed(f"{name} must be a whole number ≥ 0.", details={name: ["invalid"]})
-    return int(value)
-
-
 # --- public share routes ------------------------------------------------------------------
 
 
@@ -364,7 +359,7 @@ class SharedObjectView(APIView):
                 "expires_at": link.expires_at,
             }
         else:
-            after = _whole_number(request.query_params.get("after", "0"), "after")
+            after = whole_number_param(request, "after", 0)
             body = {
                 "kind": "thread",
                 "replay": thread_replay(thread=link.thread, after=after, shared=True),

@@ -8,8 +8,8 @@ from rest_framework import mixins, serializers, status
 from rest_framework.response import Response
 
 from kestrel_one.api.base import ProjectScopedViewSet
+from kestrel_one.api.params import page_limit, whole_number_param
 from kestrel_one.api.serializers import StrictSerializer
-from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.threads.models import Thread, ThreadEvent
 from kestrel_one.threads.services import thread_create, thread_end
 
@@ -113,10 +113,8 @@ class EventViewSet(ProjectScopedViewSet):
         responses={200: OpenApiTypes.OBJECT},
     )
     def list(self, request, *args, **kwargs):
-        after = _non_negative(request.query_params.get("after", "0"), "after")
-        # Clamped to 1..EVENTS_PAGE_MAX, as the replay's pages are.
-        limit = _non_negative(request.query_params.get("limit", "100"), "limit")
-        limit = max(1, min(limit, EVENTS_PAGE_MAX))
+        after = whole_number_param(request, "after", 0)
+        limit = page_limit(request, default=100, maximum=EVENTS_PAGE_MAX)
         events = list(
             self.get_queryset().filter(sequence__gt=after).order_by("sequence")[: limit + 1]
         )
@@ -129,9 +127,3 @@ class EventViewSet(ProjectScopedViewSet):
                 "last_sequence": events[-1].sequence if events else after,
             }
         )
-
-
-def _non_negative(value: str, name: str) -> int:
-    if not (value.isascii() and value.isdigit()):
-        raise ValidationFailed(f"{name} must be a whole number ≥ 0.", details={name: ["invalid"]})
-    return int(value)
