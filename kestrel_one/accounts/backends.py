@@ -7,9 +7,6 @@ compared.
 
 from __future__ import annotations
 
-import hmac
-
-from django.conf import settings
 from django.contrib.auth.backends import BaseBackend
 
 # What a server-token attempt counts against in the lockout: there is one such secret.
@@ -20,14 +17,9 @@ class ServerTokenBackend(BaseBackend):
     """Single-host mode: the configured KESTREL_SERVER_TOKEN signs in as the local owner."""
 
     def authenticate(self, request, server_token=None, **credentials):
-        expected = settings.KESTREL_SERVER_TOKEN
-        if not (settings.SINGLE_HOST and expected and server_token):
-            return None
-        if not hmac.compare_digest(server_token.encode(), expected.encode()):
-            return None
-        from kestrel_one.api.authentication import local_owner
+        from kestrel_one.api.authentication import is_server_token, local_owner
 
-        return local_owner()
+        return local_owner() if is_server_token(server_token) else None
 
 
 def sign_in_username(request, credentials) -> str:

@@ -57,6 +57,17 @@ def is_loopback(address: str | None) -> bool:
     return ip.is_loopback
 
 
+def is_server_token(value: str | None) -> bool:
+    """Single-host mode: ``value`` is the configured KESTREL_SERVER_TOKEN (constant time)."""
+    expected = settings.KESTREL_SERVER_TOKEN
+    return bool(
+        settings.SINGLE_HOST
+        and expected
+        and value
+        and hmac.compare_digest(value.encode(), expected.encode())
+    )
+
+
 def local_owner():
     """The owner that single-host mode acts as; created by ``serve`` on an empty database."""
     from kestrel_one.tenancy.models import Membership
@@ -88,12 +99,7 @@ class KestrelTokenAuthentication(BaseAuthentication):
     def _authenticate_token(self, value: str):
         if not value:
             raise exceptions.AuthenticationFailed("The token is empty.")
-        server_token = settings.KESTREL_SERVER_TOKEN
-        if (
-            settings.SINGLE_HOST
-            and server_token
-            and hmac.compare_digest(value.encode(), server_token.encode())
-        ):
+        if is_server_token(value):
             owner = local_owner()
             if owner is None:
                 raise exceptions.AuthenticationFailed(
