@@ -34,7 +34,7 @@ _RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
-class RunnerConfigError(Exception):
+class RunnerConfigError(ValueError):
     """The runner's environment is incomplete or unsafe; the message names the variable."""
 
 
@@ -95,12 +95,8 @@ class RunnerConfig:
             raise RunnerConfigError(
                 f"KESTREL_SANDBOX must be one of {', '.join(SANDBOX_CHOICES)}, got {sandbox!r}"
             )
-        max_call = env.get("KESTREL_MAX_CALL_SECONDS", str(DEFAULT_MAX_CALL_SECONDS)).strip()
-        if not (max_call.isascii() and max_call.isdigit()) or int(max_call) < 1:
-            raise RunnerConfigError(
-                f"KESTREL_MAX_CALL_SECONDS must be a positive whole number, got {max_call!r}"
-            )
-        started_delay = _non_negative_seconds(
+        max_call = env_whole_number(env, "KESTREL_MAX_CALL_SECONDS", DEFAULT_MAX_CALL_SECONDS)
+        started_delay = env_seconds(
             env,
             "KESTREL_STARTED_REPORT_DELAY_SECONDS",
             DEFAULT_STARTED_REPORT_DELAY_SECONDS,
@@ -119,7 +115,7 @@ class RunnerConfig:
             state_url=state_url,
             workspace_root=workspace_root,
             sandbox=sandbox,
-            max_call_seconds=int(max_call),
+            max_call_seconds=max_call,
             started_report_delay_s=started_delay,
         )
         # Read both keys now so that a bad file stops the runner at start, not at a call.
@@ -164,7 +160,11 @@ class RunnerConfig:
             ) from None
 
 
-def _non_negative_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def env_seconds(
+    env: Mapping[str, str], name: str, default: float, *, above_zero: bool = False
+) -> float:
+    """A number of seconds from ``env`` (``default`` when unset or blank), finite and >= 0,
+    or > 0 with ``above_zero``. NaN is refused: it compares false with every deadline."""
     text = env.get(name, "").strip()
     if not text:
         return default
@@ -172,9 +172,20 @@ def _non_negative_seconds(env: Mapping[str, str], name: str, default: float) -> 
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise RunnerConfigError(f"{name} must be a number of seconds >= 0, got {text!r}")
+    if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
+        bound = "> 0" if above_zero else ">= 0"
+        raise RunnerConfigError(f"{name} must be a number of seconds {bound}, got {text!r}")
     return value
+
+
+def env_whole_number(env: Mapping[str, str], name: str, default: int, *, hint: str = "") -> int:
+    """A whole number >= 1 from ``env`` (``default`` when unset or blank), in ASCII digits."""
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise RunnerConfigError(f"{name} must be a positive whole number{hint}, got {text!r}")
+    return int(text)
 
 
 def _is_redis_url(url: str) -> bool:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -62,7 +61,7 @@ from kombu.common import Broadcast
 
 from runners import tools
 from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
-from runners.config import RunnerConfig
+from runners.config import RunnerConfig, env_seconds, env_whole_number
 from runners.errors import RunnerError
 from runners.protocol import (
     Command,
@@ -585,23 +584,10 @@ class WarmBackendChooser:
         thread_ended: Callable[[str, str], bool] | None = None,
     ) -> WarmBackendChooser:
         environ = dict(os.environ if environ is None else environ)
-        idle_text = environ.get(WARM_IDLE_VARIABLE, "300").strip()
-        cap_text = environ.get(WARM_MAX_VARIABLE, "16").strip()
-        try:
-            idle = float(idle_text)
-        except ValueError:
-            idle = math.nan
-        # NaN would compare false with every deadline and keep idle containers for good.
-        if not math.isfinite(idle) or idle <= 0:
-            raise ValueError(
-                f"{WARM_IDLE_VARIABLE} must be a number of seconds > 0, got {idle_text!r}"
-            )
-        if not (cap_text.isascii() and cap_text.isdigit()) or int(cap_text) < 1:
-            raise ValueError(
-                f"{WARM_MAX_VARIABLE} must be a whole number >= 1 (KESTREL_WARM_SANDBOXES=0 "
-                f"turns warm sandboxes off), got {cap_text!r}"
-            )
-        cap = int(cap_text)
+        idle = env_seconds(environ, WARM_IDLE_VARIABLE, 300, above_zero=True)
+        cap = env_whole_number(
+            environ, WARM_MAX_VARIABLE, 16, hint=" (KESTREL_WARM_SANDBOXES=0 turns them off)"
+        )
         enabled = environ.get(WARM_ENABLED_VARIABLE, "1") not in ("0", "false", "no", "off")
         return cls(
             idle_seconds=idle, max_containers=cap, enabled=enabled, thread_ended=thread_ended
