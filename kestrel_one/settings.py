@@ -12,6 +12,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 import structlog
@@ -318,6 +319,29 @@ if KESTREL_AUDIT_REFUSALS_PER_MINUTE < 1:
 # API tokens: how long a new token lives unless the caller asks for less.
 KESTREL_TOKEN_DEFAULT_TTL = timedelta(days=env_int("KESTREL_TOKEN_DEFAULT_DAYS", 90))
 KESTREL_TOKEN_MAX_TTL = timedelta(days=env_int("KESTREL_TOKEN_MAX_DAYS", 365))
+
+# One-time sign-in links for people added without a password (docs/operations.md): how long
+# a link works. Django's password-reset tokens carry it as PASSWORD_RESET_TIMEOUT.
+KESTREL_SIGN_IN_LINK_HOURS = env_int("KESTREL_SIGN_IN_LINK_HOURS", 72)
+if KESTREL_SIGN_IN_LINK_HOURS < 1:
+    raise ImproperlyConfigured("KESTREL_SIGN_IN_LINK_HOURS must be at least 1")
+PASSWORD_RESET_TIMEOUT = KESTREL_SIGN_IN_LINK_HOURS * 60 * 60
+# The address people open the console at (scheme and host, e.g. https://kestrel.example.com),
+# for links made outside a request (manage.py member_add) and preferred over the request's
+# own host by the API. Unset in single-host mode: http://127.0.0.1:$PORT.
+KESTREL_PUBLIC_URL = (env_str("KESTREL_PUBLIC_URL") or "").rstrip("/") or None
+if KESTREL_PUBLIC_URL is not None:
+    _public = urlsplit(KESTREL_PUBLIC_URL)
+    if (
+        _public.scheme not in {"http", "https"}
+        or not _public.hostname
+        or _public.query
+        or _public.fragment
+    ):
+        raise ImproperlyConfigured(
+            "KESTREL_PUBLIC_URL must be an http(s) address such as https://kestrel.example.com, "
+            f"got {KESTREL_PUBLIC_URL!r}"
+        )
 
 # Execution. The control plane signs commands with this Ed25519 key; runners hold only its
 # public half. Hosted mode names the file; single-host generates one in the data folder.

@@ -6,6 +6,11 @@ from kestrel_one.accounts import views as account_views
 urlpatterns = [
     path("api/v1/", include(("kestrel_one.api.urls", "api"))),
     path("login", account_views.LoginView.as_view(), name="login"),
+    path(
+        "login/set-password/<str:uidb64>/<str:token>/",
+        account_views.SetPasswordView.as_view(),
+        name="set_password",
+    ),
     path("logout", account_views.logout_view, name="logout"),
     path("", account_views.home, name="home"),
     path("admin/", admin.site.urls),

@@ -7,10 +7,17 @@ compared.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.backends import BaseBackend
 
 # What a server-token attempt counts against in the lockout: there is one such secret.
 SERVER_TOKEN_ATTEMPT = "(server token)"  # noqa: S105 - a label, not the token
+
+
+def server_token_sign_in_enabled() -> bool:
+    """Whether the console offers the server token: only where it can sign anyone in
+    (single-host mode with KESTREL_SERVER_TOKEN configured)."""
+    return bool(settings.SINGLE_HOST and settings.KESTREL_SERVER_TOKEN)
 
 
 class ServerTokenBackend(BaseBackend):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -154,3 +156,33 @@ def sign_in_attempts_expire(*, now: datetime | None = None) -> int:
     cutoff = (now or timezone.now()) - settings.AXES_COOLOFF_TIME
     deleted, _ = AccessAttempt.objects.filter(attempt_time__lt=cutoff).delete()
     return deleted
+
+
+@transaction.atomic
+def user_password_set(*, actor: Principal, user: User, password: str, via: str) -> User:
+    """Set a person's password after Django's AUTH_PASSWORD_VALIDATORS accept it.
+
+    Audited in every organization the person belongs to (``via`` says how), never with the
+    password. Setting it also ends any sign-in link they were given: the link's token is a
+    hash over the stored password.
+    """
+    if not password:
+        raise ValidationFailed("The password is empty.", details={"password": ["empty"]})
+    try:
+        validate_password(password, user=user)
+    except ValidationError as exc:
+        raise ValidationFailed(
+            "That password is not accepted: " + " ".join(exc.messages),
+            details={"password": exc.messages},
+        ) from None
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    for membership in user.memberships.select_related("organization"):
+        audit_record(
+            organization=membership.organization,
+            actor=actor,
+            action="user.password_set",
+            target=user,
+            data={"via": via},
+        )
+    return user

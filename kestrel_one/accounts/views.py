@@ -9,9 +9,17 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth import authenticate, login, logout
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import SetPasswordForm
+from django.contrib.auth.views import PasswordResetConfirmView
 from django.shortcuts import redirect, render
+from django.urls import reverse_lazy
 from django.views import View
 from django.views.decorators.http import require_POST
+
+from kestrel_one.accounts.backends import server_token_sign_in_enabled
+from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.accounts.services import user_password_set
+from kestrel_one.accounts.sign_in_links import sign_in_link_tokens, sign_in_link_user
 
 
 class LoginForm(forms.Form):
@@ -27,6 +35,10 @@ class LoginForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.request = request
         self.user = None
+        if not server_token_sign_in_enabled():
+            # No server token configured: the field is neither shown nor read, so posting
+            # one signs nobody in (it never reaches a backend).
+            del self.fields["server_token"]
 
     def clean(self):
         data = super().clean()
@@ -58,7 +70,11 @@ class LoginView(View):
 
 
 def sign_in_page(request, form, *, status=200, locked_out=None):
-    context = {"form": form, "single_host": settings.SINGLE_HOST, "locked_out": locked_out}
+    context = {
+        "form": form,
+        "server_token": server_token_sign_in_enabled(),
+        "locked_out": locked_out,
+    }
     return render(request, "accounts/login.html", context, status=status)
 
 
@@ -71,6 +87,52 @@ def locked_out(request, response, credentials):
     )
     form = LoginForm(initial={"email": request.POST.get("email", "")})
     return sign_in_page(request, form, status=429, locked_out=message)
+
+
+class SignInLinkPasswordForm(SetPasswordForm):
+    """Django's form for choosing a password; saving goes through the audited service."""
+
+    def save(self, commit=True):
+        return user_password_set(
+            actor=Principal(PrincipalKind.SESSION, user=self.user),
+            user=self.user,
+            password=self.cleaned_data["new_password1"],
+            via="sign_in_link",
+        )
+
+
+class SetPasswordView(PasswordResetConfirmView):
+    """A one-time sign-in link (accounts/sign_in_links.py): choose a password, then signed in.
+
+    Django's view keeps the token out of the page's own address: the first request moves it
+    into the session and redirects to ``.../set-password/``, so it is never sent on in a
+    Referer. A link that is used, expired or altered is a 400 saying what to do instead.
+    """
+
+    form_class = SignInLinkPasswordForm
+    template_name = "accounts/set_password.html"
+    token_generator = sign_in_link_tokens
+    post_reset_login = True
+    post_reset_login_backend = "django.contrib.auth.backends.ModelBackend"
+    success_url = reverse_lazy("home")
+    title = "Choose your password"
+
+    def get_user(self, uidb64):
+        return sign_in_link_user(uidb64)
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        if self.validlink:
+            context["email"] = self.user.email
+        return context
+
+    def render_to_response(self, context, **response_kwargs):
+        if not self.validlink:
+            response_kwargs["status"] = 400
+        return super().render_to_response(context, **response_kwargs)
+
+    def form_invalid(self, form):
+        return self.render_to_response(self.get_context_data(form=form), status=400)
 
 
 @require_POST

@@ -54,6 +54,7 @@ _SECRET_KEY = re.compile(
 _KNOWN_SECRET = re.compile(
     r"(kst_[A-Za-z0-9]{8,}_[A-Za-z0-9_-]{16,}"  # Kestrel API tokens
     r"|ksh_[A-Za-z0-9_-]{16,}"  # Kestrel share-link tokens (they travel in URLs)
+    r"|set-password/[A-Za-z0-9_=-]+/[0-9a-z]{1,13}-[0-9a-f]{20,}"  # one-time sign-in links
     r"|whsec_[A-Za-z0-9+/=]{16,}"  # webhook signing secrets
     r"|-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----[\s\S]*?"
     r"(-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|$)"

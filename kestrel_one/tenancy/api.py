@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import django_filters
+from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
 from kestrel_one.accounts.scopes import Role
-from kestrel_one.accounts.services import user_get_or_create
 from kestrel_one.api.base import OrgScopedViewSet
 from kestrel_one.api.serializers import StrictModelSerializer, StrictSerializer
 from kestrel_one.tenancy import services
@@ -82,6 +82,24 @@ class MemberSerializer(serializers.ModelSerializer):
         )
 
 
+class MemberAddedSerializer(MemberSerializer):
+    sign_in_link = serializers.SerializerMethodField(
+        help_text="A one-time link where a person with no password yet chooses one and is "
+        "signed in. Shown only in this response; null when the person already has a way in."
+    )
+    sign_in_link_expires_at = serializers.SerializerMethodField()
+
+    class Meta(MemberSerializer.Meta):
+        fields = [*MemberSerializer.Meta.fields, "sign_in_link", "sign_in_link_expires_at"]
+
+    def get_sign_in_link(self, membership) -> str | None:
+        return self.context["added"].sign_in_link
+
+    def get_sign_in_link_expires_at(self, membership) -> str | None:
+        expires_at = self.context["added"].sign_in_link_expires_at
+        return serializers.DateTimeField().to_representation(expires_at) if expires_at else None
+
+
 class ProjectIdsField(serializers.ListField):
     child = serializers.CharField(max_length=40)
 
@@ -128,7 +146,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
     def restrict(self, queryset):
         return queryset.select_related("user")
 
-    @extend_schema(request=MemberCreateSerializer, responses={201: MemberSerializer})
+    @extend_schema(request=MemberCreateSerializer, responses={201: MemberAddedSerializer})
     def create(self, request, *args, **kwargs):
         data = MemberCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -136,15 +154,20 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
         projects = None
         if "projects" in values:
             projects = resolve_projects(self.organization, values["projects"])
-        user, _ = user_get_or_create(email=values["email"], name=values.get("name", ""))
-        membership = services.membership_add(
+        added = services.member_add(
             actor=self.principal,
             organization=self.organization,
-            user=user,
+            email=values["email"],
+            name=values.get("name", ""),
             role=Role(values["role"]),
             projects=projects,
+            # The operator's public address when set; else the address this request came to
+            # (its host is one ALLOWED_HOSTS accepts).
+            base_url=settings.KESTREL_PUBLIC_URL or request.build_absolute_uri("/"),
         )
-        return Response(MemberSerializer(membership).data, status=status.HTTP_201_CREATED)
+        body = MemberAddedSerializer(added.membership, context={"added": added}).data
+        # The link is a credential: no cache keeps it.
+        return Response(body, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
 
     @extend_schema(request=MemberUpdateSerializer, responses={200: MemberSerializer})
     def partial_update(self, request, *args, **kwargs):

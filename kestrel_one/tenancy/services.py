@@ -5,11 +5,20 @@ Each write records its audit row in the same transaction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.db import IntegrityError, transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
-from kestrel_one.accounts.principal import Principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.scopes import ROLE_RANK, Role
+from kestrel_one.accounts.services import user_get_or_create
+from kestrel_one.accounts.sign_in_links import (
+    sign_in_link_allowed,
+    sign_in_link_expires_at,
+    sign_in_link_path,
+)
 from kestrel_one.audit.models import AuditChain
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, PermissionDenied, ValidationFailed
@@ -38,6 +47,8 @@ def organization_create(*, actor: Principal, slug: str, name: str, owner) -> Org
 
 
 def _check_can_grant(actor: Principal, organization, role: Role) -> None:
+    if actor.kind == PrincipalKind.SYSTEM:
+        return  # an operator's command on the server itself (bootstrap, member_add)
     actor_role = actor.role_in(organization)
     # Integration tokens with org:admin act as admins; nobody but an owner makes owners.
     rank = ROLE_RANK[actor_role] if actor_role else ROLE_RANK[Role.ADMIN]
@@ -90,6 +101,50 @@ def membership_add(
         },
     )
     return membership
+
+
+@dataclass(frozen=True)
+class MemberAdded:
+    """A new membership, with the person's one-time sign-in link when they had no way in."""
+
+    membership: Membership
+    sign_in_link: str | None = None
+    sign_in_link_expires_at: datetime | None = None
+
+
+@transaction.atomic
+def member_add(
+    *,
+    actor: Principal,
+    organization,
+    email: str,
+    role: Role,
+    name: str = "",
+    projects: list[Project] | None = None,
+    base_url: str,
+) -> MemberAdded:
+    """Add a person by email (creating them when new) and give them a way in.
+
+    Someone with no password yet gets a one-time sign-in link under ``base_url``
+    (accounts/sign_in_links.py says who qualifies). The link is returned to be shown once;
+    the audit row records that one was made and until when, never the link.
+    """
+    user, _ = user_get_or_create(email=email, name=name)
+    membership = membership_add(
+        actor=actor, organization=organization, user=user, role=role, projects=projects
+    )
+    if not sign_in_link_allowed(user, organization):
+        return MemberAdded(membership)
+    link = base_url.rstrip("/") + sign_in_link_path(user)
+    expires_at = sign_in_link_expires_at()
+    audit_record(
+        organization=organization,
+        actor=actor,
+        action="sign_in_link.issue",
+        target=user,
+        data={"membership": membership.public_id, "expires_at": expires_at.isoformat()},
+    )
+    return MemberAdded(membership, link, expires_at)
 
 
 def _owners_left_after(membership: Membership) -> int:
