@@ -63,14 +63,14 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedVi
     """Anyone in the organization manages their own tokens; admins see and revoke all."""
 
     # Self-service: a person may create and revoke their own tokens with the scopes they hold.
-    scope_map = {"GET": "org:read", "POST": "org:read", "DELETE": "org:read"}
+    scope_map = {"GET": "org:read", "POST": "tokens:write", "DELETE": "tokens:write"}
     queryset = ApiToken.objects.none()
     serializer_class = TokenSerializer
     lookup_url_kwarg = "id"
 
     def restrict(self, queryset):
         queryset = queryset.select_related("user")
-        if "org:admin" in self.principal.scopes_in(self.organization):
+        if "tokens:admin" in self.principal.scopes_in(self.organization):
             return queryset
         if self.principal.user is None:
             return queryset.none()

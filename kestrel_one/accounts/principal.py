@@ -1,8 +1,9 @@
 """Who is making a request, and what they may do in a given organization.
 
-Authority comes only from here: an authenticated token (and the person behind it, if any) or,
-in single-host mode, the local owner on loopback. Headers, query parameters and client
-labels never add to it.
+Authority comes only from here: an authenticated token (and the person behind it, if any), a
+signed-in person's session, or, in single-host mode, the local agent on loopback, which acts
+in the local owner's organizations with ``LOCAL_AGENT_SCOPES`` only. Headers, query parameters
+and client labels never add to it.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kestrel_one.accounts.scopes import ROLE_SCOPES, SCOPES, Role
+from kestrel_one.accounts.scopes import LOCAL_AGENT_SCOPES, ROLE_SCOPES, SCOPES, Role
 
 
 class PrincipalKind(StrEnum):
     TOKEN = "token"  # noqa: S105 - a kind of principal, not a secret
-    # Single-host only: the local owner, reached by loopback without a token or with the
-    # configured server token. ``anonymous`` tells the two apart.
-    LOCAL_OWNER = "local_owner"
+    # Single-host only: a local process (an agent) reaching the API on loopback without a
+    # token, or with the configured server token (``anonymous`` tells the two apart). It is
+    # not a person: it sees what the local owner sees but holds only LOCAL_AGENT_SCOPES.
+    LOCAL_AGENT = "local_agent"
     # A browser session (console); never accepted by the REST API.
     SESSION = "session"
     # An operator's management command on the server itself (bootstrap, sweeps).
@@ -34,12 +36,21 @@ class Principal:
     user: object | None = None
     token: object | None = None
     anonymous: bool = False
+    # The local agent only: the owner whose organizations and projects it may address. Never a
+    # source of authority (``user`` stays None, so nothing a person may do is open to it).
+    acting_for: object | None = None
     system_name: str = ""
     _memberships: dict[int, object | None] = field(default_factory=dict, repr=False)
 
     @property
     def is_person(self) -> bool:
-        return self.user is not None
+        """A person acting through their own token or signed-in session."""
+        return self.user is not None and self.kind in {PrincipalKind.TOKEN, PrincipalKind.SESSION}
+
+    @property
+    def member_user(self):
+        """Whose memberships decide what this principal may address (and see)."""
+        return self.user if self.user is not None else self.acting_for
 
     @property
     def actor_id(self) -> str:
@@ -52,6 +63,8 @@ class Principal:
             return self.token.public_id
         if self.user is not None:
             return self.user.public_id
+        if self.kind == PrincipalKind.LOCAL_AGENT:
+            return "local-agent"
         return "anonymous"
 
     @property
@@ -60,17 +73,20 @@ class Principal:
             return self.kind.value
         if self.token is not None:
             return "token"
+        if self.kind == PrincipalKind.LOCAL_AGENT:
+            return "local_agent"
         return "user" if self.user is not None else "anonymous"
 
     def membership_in(self, organization):
-        """The person's membership in the organization (None for integration tokens)."""
-        if self.user is None:
+        """The person's membership in the organization (None for integration tokens); for the
+        local agent, the local owner's."""
+        if self.member_user is None:
             return None
         if organization.pk not in self._memberships:
             from kestrel_one.tenancy.models import Membership
 
             self._memberships[organization.pk] = (
-                Membership.objects.filter(organization=organization, user=self.user)
+                Membership.objects.filter(organization=organization, user=self.member_user)
                 .select_related("user")
                 .first()
             )
@@ -81,9 +97,13 @@ class Principal:
         return Role(membership.role) if membership else None
 
     def scopes_in(self, organization) -> frozenset[str]:
-        """Effective scopes: role ∩ token for a person, exactly the token's for an integration."""
+        """Effective scopes: role ∩ token for a person, exactly the token's for an integration,
+        the owner's role ∩ LOCAL_AGENT_SCOPES for the local agent."""
         if self.kind == PrincipalKind.SYSTEM:
             return frozenset(SCOPES)
+        if self.kind == PrincipalKind.LOCAL_AGENT:
+            role = self.role_in(organization)
+            return ROLE_SCOPES[role] & LOCAL_AGENT_SCOPES if role else frozenset()
         if self.token is not None and self.token.organization_id != organization.pk:
             return frozenset()
         token_scopes = frozenset(self.token.scopes) if self.token is not None else None

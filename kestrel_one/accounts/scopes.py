@@ -2,7 +2,10 @@
 
 A request is allowed an operation when the operation's scope is in the caller's effective
 scopes: for a person, the role's scopes intersected with the token's; for an integration token
-(no person), exactly the token's scopes, which could not exceed its creator's when it was made.
+(no person), exactly the token's scopes, which could not exceed its creator's when it was made;
+for the single-host local agent, the owner's scopes intersected with ``LOCAL_AGENT_SCOPES``.
+
+Each administrative power is a scope of its own, so an integration can be given exactly one.
 """
 
 from __future__ import annotations
@@ -21,24 +24,40 @@ class Role(StrEnum):
 
 SCOPES: dict[str, str] = {
     "org:read": "Read the organization, its members, environments, projects and own tokens.",
-    "org:admin": "Manage members, tokens, environments, projects and policies.",
     "projects:read": "Read threads, actions, events and receipts in visible projects.",
     "projects:write": "Create threads and request actions in visible projects.",
     "actions:approve": "Approve or deny actions and accept plans (people only).",
     "audit:read": "Read the organization's audit log.",
+    "tokens:write": "Create and revoke your own tokens, never with a scope you lack.",
+    "tokens:admin": "See and revoke everyone's tokens, and create integration tokens.",
+    "members:write": "Add members, change their roles and projects, and remove them.",
+    "environments:write": "Create, change and delete environments.",
+    "projects:manage": "Create, change and delete projects.",
+    "policies:write": "Publish environment and project policies.",
+    "runners:write": "See and revoke the runners that serve the organization.",
+    "webhooks:write": "Manage webhook endpoints, their secrets and deliveries.",
+    "retention:write": "Change how long events, artifacts, checkpoints and audit are kept.",
 }
 
 ROLE_SCOPES: dict[Role, frozenset[str]] = {
     Role.OWNER: frozenset(SCOPES),
     Role.ADMIN: frozenset(SCOPES),
-    Role.MEMBER: frozenset({"org:read", "projects:read", "projects:write", "actions:approve"}),
-    Role.VIEWER: frozenset({"org:read", "projects:read"}),
-    Role.AUDITOR: frozenset({"org:read", "audit:read"}),
+    Role.MEMBER: frozenset(
+        {"org:read", "projects:read", "projects:write", "actions:approve", "tokens:write"}
+    ),
+    # Viewers and auditors make their own read tokens: without one they cannot use the API.
+    Role.VIEWER: frozenset({"org:read", "projects:read", "tokens:write"}),
+    Role.AUDITOR: frozenset({"org:read", "audit:read", "tokens:write"}),
 }
 
+# Single-host mode: what a loopback caller without a person's token (the local agent) may do.
+# It reads, makes threads and requests actions; every power over authority (approving,
+# accepting plans, policies, members, tokens, runners, webhooks, retention) needs a person.
+LOCAL_AGENT_SCOPES = frozenset({"org:read", "projects:read", "projects:write"})
+
 # Who may grant a role: owners grant any role; admins any but owner.
-# An auditor ranks with viewers: it holds no write scope, so it never grants anything, and
-# an admin may appoint one.
+# An auditor ranks with viewers: it holds no scope that changes the organization, so it
+# never grants anything, and an admin may appoint one.
 ROLE_RANK = {Role.VIEWER: 0, Role.AUDITOR: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 

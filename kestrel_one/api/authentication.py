@@ -69,7 +69,8 @@ def is_server_token(value: str | None) -> bool:
 
 
 def local_owner():
-    """The owner that single-host mode acts as; created by ``serve`` on an empty database."""
+    """The owner whose organizations the local agent acts in; created by ``serve`` on an empty
+    database."""
     from kestrel_one.tenancy.models import Membership
 
     membership = (
@@ -81,6 +82,17 @@ def local_owner():
     return membership.user if membership else None
 
 
+def local_agent(*, anonymous: bool) -> Principal:
+    """Single-host mode: the loopback caller without a person's token. It addresses what the
+    local owner may address, with LOCAL_AGENT_SCOPES only, and is never a person."""
+    owner = local_owner()
+    if owner is None:
+        raise exceptions.AuthenticationFailed(
+            "No local owner exists yet; run 'python manage.py bootstrap'."
+        )
+    return Principal(PrincipalKind.LOCAL_AGENT, acting_for=owner, anonymous=anonymous)
+
+
 class KestrelTokenAuthentication(BaseAuthentication):
     def authenticate(self, request):
         token_value = presented_token(request)
@@ -88,24 +100,16 @@ class KestrelTokenAuthentication(BaseAuthentication):
             return self._authenticate_token(token_value)
         if settings.SINGLE_HOST and not settings.KESTREL_SERVER_TOKEN:
             if is_loopback(request.META.get("REMOTE_ADDR")):
-                owner = local_owner()
-                if owner is None:
-                    raise exceptions.AuthenticationFailed(
-                        "No local owner exists yet; run 'python manage.py bootstrap'."
-                    )
-                return owner, Principal(PrincipalKind.LOCAL_OWNER, user=owner, anonymous=True)
+                return None, local_agent(anonymous=True)
         return None
 
     def _authenticate_token(self, value: str):
         if not value:
             raise exceptions.AuthenticationFailed("The token is empty.")
         if is_server_token(value):
-            owner = local_owner()
-            if owner is None:
-                raise exceptions.AuthenticationFailed(
-                    "No local owner exists yet; run 'python manage.py bootstrap'."
-                )
-            return owner, Principal(PrincipalKind.LOCAL_OWNER, user=owner, anonymous=False)
+            # The server token only opens the door to callers that are not on loopback; what
+            # they may do is the local agent's. A person's authority needs a person's token.
+            return None, local_agent(anonymous=False)
         token = token_authenticate(value)
         if token is None:
             # A revoked or expired token of a known organization is worth an audit row there.

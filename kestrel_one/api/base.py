@@ -9,11 +9,25 @@ never widen it. Overriding the methods that enforce this is refused when the cla
 
 from __future__ import annotations
 
+from django.db.models import Q
 from rest_framework import exceptions, viewsets
 from rest_framework.exceptions import NotFound
 
+from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.common.errors import PermissionDenied
 from kestrel_one.tenancy.models import Organization, Project
+
+
+def missing_scope_message(principal, scope: str) -> str:
+    if principal.kind == PrincipalKind.LOCAL_AGENT:
+        return (
+            f"A local agent cannot do this: it needs the '{scope}' scope, which only a person "
+            "holds. Sign in to the console, or use your own API token."
+        )
+    return (
+        f"This needs the '{scope}' scope, which your role or token does not hold in this "
+        "organization."
+    )
 
 
 class OrgScopedViewSet(viewsets.GenericViewSet):
@@ -22,6 +36,9 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
     scope_map: dict[str, str] = {}
     # The lookup from the model to its Organization.
     organization_field = "organization"
+    # Also rows that belong to no organization (shared by all, like a platform runner), which
+    # restrict() must then narrow to those that serve this one. Off unless a view needs it.
+    dangerously_include_unowned = False
     lookup_field = "public_id"
 
     protected_methods = ("initial", "get_queryset", "get_object", "check_permissions")
@@ -52,10 +69,7 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
         if required is None:
             raise exceptions.MethodNotAllowed(request.method)
         if required not in principal.scopes_in(organization):
-            raise PermissionDenied(
-                f"This needs the '{required}' scope, which your role or token does not hold "
-                "in this organization."
-            )
+            raise PermissionDenied(missing_scope_message(principal, required))
         self.resolve_parents(**kwargs)
 
     def resolve_parents(self, **kwargs) -> None:
@@ -67,7 +81,10 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self):
         queryset = self.restrict(self.queryset.model.objects.all())
-        return queryset.filter(**{self.organization_field: self.organization})
+        owned = Q(**{self.organization_field: self.organization})
+        if self.dangerously_include_unowned:
+            owned |= Q(**{f"{self.organization_field}__isnull": True})
+        return queryset.filter(owned)
 
     def get_object(self):
         queryset = self.filter_queryset(self.get_queryset())

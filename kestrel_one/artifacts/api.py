@@ -311,7 +311,7 @@ class CheckpointRestoreViewSet(ProjectScopedViewSet):
 class RetentionViewSet(OrgScopedViewSet):
     """How long this organization keeps its records; admins change it, everyone may read."""
 
-    scope_map = {"GET": "org:read", "PUT": "org:admin"}
+    scope_map = {"GET": "org:read", "PUT": "retention:write"}
     queryset = OrganizationRetention.objects.none()
 
     @extend_schema(responses={200: RetentionSerializer})

@@ -38,7 +38,7 @@ class RunnerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedV
     """Runners dedicated to this organization. Platform runners are the operator's
     (``python manage.py runner_revoke``) and never appear here."""
 
-    scope_map = {"GET": "org:admin", "DELETE": "org:admin"}
+    scope_map = {"GET": "runners:write", "DELETE": "runners:write"}
     queryset = Runner.objects.none()
     serializer_class = RunnerSerializer
     lookup_url_kwarg = "id"

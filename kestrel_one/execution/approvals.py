@@ -21,12 +21,12 @@ from runners.protocol import digest
 
 def require_person(actor, *, requested_by_token=None, act: str = "approve") -> None:
     """Only a person may decide; the requesting token never decides about its own request."""
-    if actor.kind == PrincipalKind.LOCAL_OWNER:
+    if actor.kind == PrincipalKind.LOCAL_AGENT:
         raise PermissionDenied(
             f"A local agent cannot {act}: sign in as a person and use the console or your own "
             "API token with the actions:approve scope."
         )
-    if actor.user is None or actor.kind not in {PrincipalKind.TOKEN, PrincipalKind.SESSION}:
+    if not actor.is_person:
         raise PermissionDenied(f"Only a person can {act}; integration tokens never can.")
     if (
         requested_by_token is not None

@@ -16,7 +16,7 @@ from kestrel_one.tenancy.models import Environment
 from policies import render_decision
 from runners.registry import TOOLS
 
-READ, ADMIN = "org:read", "org:admin"
+READ, PUBLISH = "org:read", "policies:write"
 
 
 def version_body(version, *, fallback_document: dict) -> dict:
@@ -44,7 +44,7 @@ POLICY_DOCUMENT = OpenApiTypes.OBJECT
 class EnvironmentPolicyViewSet(OrgScopedViewSet):
     """The environment's ceiling. With no version published, nothing is granted."""
 
-    scope_map = {"GET": READ, "PUT": ADMIN}
+    scope_map = {"GET": READ, "PUT": PUBLISH}
     queryset = Environment.objects.none()
     lookup_url_kwarg = "env"
 
@@ -89,7 +89,7 @@ class EnvironmentPolicyViewSet(OrgScopedViewSet):
 class ProjectPolicyViewSet(ProjectScopedViewSet):
     """The project's own narrowing; without one the project uses its environment's policy."""
 
-    scope_map = {"GET": READ, "PUT": ADMIN}
+    scope_map = {"GET": READ, "PUT": PUBLISH}
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request, *args, **kwargs):

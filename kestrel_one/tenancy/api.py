@@ -14,8 +14,12 @@ from kestrel_one.api.serializers import StrictModelSerializer, StrictSerializer
 from kestrel_one.tenancy import services
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
 
-READ, ADMIN = "org:read", "org:admin"
-READ_ADMIN_MAP = {"GET": READ, "POST": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN}
+READ = "org:read"
+
+
+def read_and_write(scope: str) -> dict[str, str]:
+    """Anyone in the organization reads; changing needs ``scope``."""
+    return {"GET": READ, "POST": scope, "PATCH": scope, "DELETE": scope}
 
 
 class OrganizationSerializer(serializers.ModelSerializer):
@@ -28,7 +32,9 @@ class OrganizationSerializer(serializers.ModelSerializer):
         fields = ["id", "slug", "name", "created_at", "role", "scopes"]
 
     def get_role(self, organization) -> str | None:
-        return self.context["request"].auth.role_in(organization)
+        # A role is a person's; the local agent and integration tokens act with scopes only.
+        principal = self.context["request"].auth
+        return principal.role_in(organization) if principal.is_person else None
 
     def get_scopes(self, organization) -> list[str]:
         return sorted(self.context["request"].auth.scopes_in(organization))
@@ -137,7 +143,7 @@ def resolve_projects(organization, ids: list[str]) -> list[Project]:
 
 
 class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
-    scope_map = READ_ADMIN_MAP
+    scope_map = read_and_write("members:write")
     queryset = Membership.objects.none()
     serializer_class = MemberSerializer
     lookup_url_kwarg = "id"
@@ -213,7 +219,7 @@ class EnvironmentFilter(django_filters.FilterSet):
 
 
 class EnvironmentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
-    scope_map = READ_ADMIN_MAP
+    scope_map = read_and_write("environments:write")
     queryset = Environment.objects.none()
     serializer_class = EnvironmentSerializer
     lookup_url_kwarg = "env"
@@ -281,7 +287,7 @@ class ProjectFilter(django_filters.FilterSet):
 
 
 class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
-    scope_map = READ_ADMIN_MAP
+    scope_map = read_and_write("projects:manage")
     queryset = Project.objects.none()
     serializer_class = ProjectSerializer
     lookup_url_kwarg = "prj"

@@ -22,8 +22,8 @@ class OrganizationQuerySet(models.QuerySet):
         qs = self
         if principal.token is not None:
             qs = qs.filter(pk=principal.token.organization_id)
-        if principal.user is not None:
-            qs = qs.filter(memberships__user=principal.user)
+        if principal.member_user is not None:
+            qs = qs.filter(memberships__user=principal.member_user)
         elif principal.token is None:
             return self.none()
         return qs

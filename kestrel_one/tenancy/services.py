@@ -50,7 +50,7 @@ def _check_can_grant(actor: Principal, organization, role: Role) -> None:
     if actor.kind == PrincipalKind.SYSTEM:
         return  # an operator's command on the server itself (bootstrap, member_add)
     actor_role = actor.role_in(organization)
-    # Integration tokens with org:admin act as admins; nobody but an owner makes owners.
+    # Integration tokens with members:write act as admins; nobody but an owner makes owners.
     rank = ROLE_RANK[actor_role] if actor_role else ROLE_RANK[Role.ADMIN]
     if ROLE_RANK[role] > rank or (role == Role.OWNER and actor_role != Role.OWNER):
         raise PermissionDenied(f"Your role cannot grant the role '{role}'.")

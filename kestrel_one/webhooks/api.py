@@ -17,7 +17,7 @@ from kestrel_one.webhooks.events import EVENT_TYPES
 from kestrel_one.webhooks.models import WebhookDelivery, WebhookEndpoint
 from kestrel_one.webhooks.services import MAX_ROTATION_OVERLAP_SECONDS
 
-ADMIN = "org:admin"
+ADMIN = "webhooks:write"
 NO_STORE = {"Cache-Control": "no-store"}
 
 

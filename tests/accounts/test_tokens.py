@@ -147,7 +147,7 @@ def test_integration_token_acts_with_exactly_its_scopes(world):
     assert bot.get("/api/v1/orgs/acme/projects").status_code == 200
     refused = bot.post("/api/v1/orgs/acme/environments", {"name": "x"}, format="json")
     assert refused.status_code == 403
-    assert "org:admin" in refused.json()["error"]["message"]
+    assert "environments:write" in refused.json()["error"]["message"]
     assert bot.get("/api/v1/orgs/acme").json()["scopes"] == ["org:read"]
 
 
@@ -169,10 +169,10 @@ def test_member_cannot_mint_scopes_they_do_not_hold(world):
     response = (
         world["member"]
         .client()
-        .post("/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["org:admin"]}, format="json")
+        .post("/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["policies:write"]}, format="json")
     )
     assert response.status_code == 403
-    assert "org:admin" in response.json()["error"]["message"]
+    assert "policies:write" in response.json()["error"]["message"]
 
 
 def test_member_cannot_create_integration_tokens(world):
@@ -199,7 +199,7 @@ def test_person_token_loses_power_when_role_drops(world):
     )
     assert refused.status_code == 403
     scopes = member.client().get("/api/v1/orgs/acme").json()["scopes"]
-    assert scopes == ["org:read", "projects:read"]
+    assert scopes == ["org:read", "projects:read", "tokens:write"]
 
 
 def test_removed_member_token_stops_working(world):
@@ -242,3 +242,28 @@ def test_a_token_only_reaches_its_own_organization(world):
     # The outsider is an owner in globex; its token says nothing about acme.
     response = world["outsider"].client().get("/api/v1/orgs")
     assert [o["slug"] for o in response.json()] == ["globex"]
+
+
+def test_tokens_that_held_org_admin_hold_each_power_it_was_split_into(world):
+    from importlib import import_module
+
+    from django.apps import apps
+
+    migration = import_module("kestrel_one.accounts.migrations.0003_split_org_admin_scope")
+    token = world["admin"].token
+    type(token).objects.filter(pk=token.pk).update(scopes=["org:admin", "org:read"])
+    migration.split_org_admin(apps, None)
+    token.refresh_from_db()
+    assert "org:admin" not in token.scopes
+    assert set(token.scopes) == {
+        "org:read",
+        "tokens:write",
+        "tokens:admin",
+        "members:write",
+        "environments:write",
+        "projects:manage",
+        "policies:write",
+        "runners:write",
+        "webhooks:write",
+        "retention:write",
+    }

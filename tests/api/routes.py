@@ -7,9 +7,11 @@ so nobody has to remember to add a tenancy test.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.apps import apps
 from django.urls import URLPattern, URLResolver, get_resolver
 
 
@@ -212,3 +214,52 @@ QUERIES = {("api:project-explain", "post")}
 
 # Deleting these would leave nothing to probe afterwards in the same walk, so the walker
 # rolls every write back; it still asserts the allowed caller got a 2xx first.
+
+
+# Every app that stores tenant data: a refused request must change none of it.
+FINGERPRINTED_APPS = (
+    "accounts",
+    "tenancy",
+    "audit",
+    "guardian",
+    "governance",
+    "threads",
+    "execution",
+    "webhooks",
+    "artifacts",
+)
+# A refused request changes nothing except the audit record of its refusal (AUD-1): those
+# rows, and the chain head that moves with them, are left out. Every other audit row still
+# counts, so a refused request that wrote a "success" record would still fail the walk.
+UNCOMPARED = {"last_used_at"}
+UNCOMPARED_BY_MODEL = {"audit.AuditChain": {"last_sequence", "last_hash"}}
+
+
+def database_fingerprint() -> str:
+    """Every tenant row, minus advisory fields and refusal records, as one comparable string."""
+    rows = {}
+    for label in FINGERPRINTED_APPS:
+        for model in apps.get_app_config(label).get_models():
+            queryset = model.objects.order_by("pk")
+            if model._meta.label == "audit.AuditRecord":
+                queryset = queryset.exclude(outcome="refused")
+            skipped = UNCOMPARED | UNCOMPARED_BY_MODEL.get(model._meta.label, set())
+            values = [
+                {k: v for k, v in row.items() if k not in skipped} for row in queryset.values()
+            ]
+            rows[model._meta.label] = values
+    return json.dumps(rows, sort_keys=True, default=str)
+
+
+def fill(route, world, org_slug: str, overrides: dict | None = None) -> str:
+    url = route.pattern.replace("<slug:org>", org_slug)
+    for name, filler in KWARGS[route.name].items():
+        value = (overrides or {}).get(name) or filler(world)
+        url = url.replace(f"<str:{name}>", value)
+    return url
+
+
+def call(client, method: str, url: str, body: dict | None):
+    if method == "get":
+        return client.get(url)
+    return getattr(client, method)(url, body or {}, format="json")

@@ -6,16 +6,22 @@ response; writes by outsiders and by roles lacking the scope change nothing.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from django.apps import apps
 from django.db import transaction
 
 from kestrel_one.accounts.scopes import ROLE_SCOPES
 from kestrel_one.api.base import OrgScopedViewSet
 from kestrel_one.audit.models import AuditRecord
-from tests.api.routes import BODIES, KWARGS, QUERIES, SELF_SERVICE, org_scoped_routes
+from tests.api.routes import (
+    BODIES,
+    KWARGS,
+    QUERIES,
+    SELF_SERVICE,
+    call,
+    database_fingerprint,
+    fill,
+    org_scoped_routes,
+)
 
 # Objects a role may not see even inside its organization (a member sees only own tokens).
 HIDDEN_FROM = {"api:token-detail": {"member", "limited"}}
@@ -26,49 +32,6 @@ MISSING_IDS = {
 }
 WRITE_METHODS = {"post", "put", "patch", "delete"}
 ORG_ACTORS = ("owner", "admin", "member", "viewer", "limited")
-
-
-# Every app that stores tenant data: a refused request must change none of it.
-FINGERPRINTED_APPS = (
-    "accounts",
-    "tenancy",
-    "audit",
-    "guardian",
-    "governance",
-    "threads",
-    "execution",
-    "webhooks",
-    "artifacts",
-)
-# A refused request changes nothing except the audit record of its refusal (AUD-1): those
-# rows, and the chain head that moves with them, are left out. Every other audit row still
-# counts, so a refused request that wrote a "success" record would still fail the walk.
-UNCOMPARED = {"last_used_at"}
-UNCOMPARED_BY_MODEL = {"audit.AuditChain": {"last_sequence", "last_hash"}}
-
-
-def database_fingerprint() -> str:
-    """Every tenant row, minus advisory fields and refusal records, as one comparable string."""
-    rows = {}
-    for label in FINGERPRINTED_APPS:
-        for model in apps.get_app_config(label).get_models():
-            queryset = model.objects.order_by("pk")
-            if model._meta.label == "audit.AuditRecord":
-                queryset = queryset.exclude(outcome="refused")
-            skipped = UNCOMPARED | UNCOMPARED_BY_MODEL.get(model._meta.label, set())
-            values = [
-                {k: v for k, v in row.items() if k not in skipped} for row in queryset.values()
-            ]
-            rows[model._meta.label] = values
-    return json.dumps(rows, sort_keys=True, default=str)
-
-
-def fill(route, world, org_slug: str, overrides: dict | None = None) -> str:
-    url = route.pattern.replace("<slug:org>", org_slug)
-    for name, filler in KWARGS[route.name].items():
-        value = (overrides or {}).get(name) or filler(world)
-        url = url.replace(f"<str:{name}>", value)
-    return url
 
 
 def foreign_markers(world) -> list[str]:
@@ -86,12 +49,6 @@ def foreign_markers(world) -> list[str]:
         actor = world[name]
         markers += [actor.user.email, actor.token.public_id, actor.membership.public_id]
     return markers
-
-
-def call(client, method: str, url: str, body: dict | None):
-    if method == "get":
-        return client.get(url)
-    return getattr(client, method)(url, body or {}, format="json")
 
 
 def expected_for(route, method: str, actor_name: str, world) -> str:

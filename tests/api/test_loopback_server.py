@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -88,7 +89,11 @@ def data_dir(tmp_path):
     return tmp_path / "var"
 
 
-def test_serve_first_run_prints_sign_in_and_loopback_acts_as_owner(data_dir):
+AGENT_SCOPES = ["org:read", "projects:read", "projects:write"]
+
+
+@pytest.mark.spec("LOCAL-2")
+def test_serve_first_run_prints_sign_in_and_an_agent_token_and_loopback_is_the_agent(data_dir):
     env = single_host_env(data_dir)
     port = free_port()
     server = Server(
@@ -100,23 +105,31 @@ def test_serve_first_run_prints_sign_in_and_loopback_acts_as_owner(data_dir):
         anonymous = requests.get(f"{base}/orgs", timeout=10)
         assert anonymous.status_code == 200
         assert [o["slug"] for o in anonymous.json()] == ["local"]
-        assert anonymous.json()[0]["role"] == "owner"
+        # The local agent is not the owner: no role, and only the agent's scopes.
+        assert anonymous.json()[0]["role"] is None
+        assert anonymous.json()[0]["scopes"] == AGENT_SCOPES
         bad = requests.get(f"{base}/orgs", headers={"Authorization": "Bearer wrong"}, timeout=10)
         assert bad.status_code == 401, "an invalid token must never fall back to the loopback rule"
     finally:
         output = server.stop()
-    assert "API token: kst_" in output
-    assert "/login" in output
-    # A second start on the same data prints no new credentials.
+    assert "password " in output and "/login" in output
+    [agent_token] = re.findall(r"Agent token: (kst_\S+)", output)
+    assert "API token" not in output, "no owner token is printed"
+    # The printed token is an agent's too, usable with the server token gate or remotely.
     port = free_port()
     again = Server(
         env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port
     )
     try:
         again.wait_ready()
+        base = f"http://127.0.0.1:{port}/api/v1"
+        org = requests.get(
+            f"{base}/orgs/local", headers={"Authorization": f"Bearer {agent_token}"}, timeout=10
+        ).json()
+        assert org["role"] is None and org["scopes"] == AGENT_SCOPES
     finally:
         output = again.stop()
-    assert "API token" not in output
+    assert "Agent token" not in output and "password" not in output, "credentials print once"
 
 
 def test_serve_refuses_non_loopback_bind_without_server_token(data_dir):
@@ -180,6 +193,8 @@ def test_with_server_token_loopback_must_present_it(data_dir):
         assert requests.get(f"{base}/orgs", timeout=10).status_code == 401
         ok = requests.get(f"{base}/orgs", headers={"X-Kestrel-Token": secret}, timeout=10)
         assert ok.status_code == 200
+        # The server token only opens the door: what it may do is the local agent's.
+        assert ok.json()[0]["role"] is None and ok.json()[0]["scopes"] == AGENT_SCOPES
         wrong = requests.get(f"{base}/orgs", headers={"Authorization": "Bearer not-it"}, timeout=10)
         assert wrong.status_code == 401
         assert requests.get(f"{base}/health", timeout=10).json() == {"status": "ok"}
@@ -198,10 +213,12 @@ def test_bootstrap_prints_one_line_of_json(data_dir):
     body = json.loads(lines[0])
     assert body["org"] == "acme" and body["user"] == "ada@example.com"
     assert body["token"].startswith("kst_")
+    assert len(body["password"]) >= 16, "a user made here gets a password to sign in with"
     second = json.loads(
         manage(env, "bootstrap", "--org", "acme", "--email", "ada@example.com").stdout
     )
     assert second["token"] != body["token"], "each run prints a new token"
+    assert "password" not in second, "an existing user's password is left alone"
     bad = manage(env, "bootstrap", "--org", "Not A Slug!", "--email", "ada@example.com")
     assert bad.returncode != 0 and "--org" in bad.stderr
     # What bootstrap audited was chained on SQLite too (no row locks there).

@@ -31,7 +31,7 @@ def test_a_members_403_is_recorded_as_refused(world):
     assert record.actor_id == world["member"].token.public_id
     assert record.data["method"] == "POST"
     assert record.data["path"] == "/api/v1/orgs/acme/environments"
-    assert "org:admin" in record.data["reason"]
+    assert "environments:write" in record.data["reason"]
     assert record.source_address == "203.0.113.7" and record.request_id
     assert not world.org.environments.filter(name="staging").exists(), "nothing else changed"
     assert audit_chain_verify(world.org).ok

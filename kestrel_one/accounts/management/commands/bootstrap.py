@@ -11,7 +11,8 @@ from kestrel_one.common.errors import KestrelError
 class Command(BaseCommand):
     help = (
         "Create (or reuse) an organization and its owner, and print a new owner API token as "
-        'one line of JSON: {"org": SLUG, "user": EMAIL, "token": TOKEN}. The token is shown once.'
+        'one line of JSON: {"org": SLUG, "user": EMAIL, "token": TOKEN}, plus "password" when '
+        "it created the user, so that person can sign in to the console. Both are shown once."
     )
 
     def add_arguments(self, parser):
