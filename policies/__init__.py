@@ -21,7 +21,14 @@ from policies.capabilities import (
 from policies.decide import ALLOW, DENY, NEEDS_APPROVAL, Decision, decide, render_decision
 from policies.errors import PolicyError, PolicyIssue
 from policies.limits import DEFAULT_LIMITS, LIMIT_NAMES, MAX_LIMITS
-from policies.modes import READ_AND_NETWORK_CAPABILITIES, Mode, apply_mode, mode_mask, resolve_mode
+from policies.modes import (
+    READ_AND_NETWORK_CAPABILITIES,
+    Mode,
+    apply_mode,
+    mode_denial_reason,
+    mode_mask,
+    resolve_mode,
+)
 from policies.parse import parse_policy, parse_policy_json
 from policies.policy import Policy, meet, meet_all, widenings
 from policies.request import Request
@@ -49,6 +56,7 @@ __all__ = [
     "decide",
     "meet",
     "meet_all",
+    "mode_denial_reason",
     "mode_mask",
     "parse_policy",
     "parse_policy_json",

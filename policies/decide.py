@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from policies.capabilities import APPROVAL_ALWAYS, GRANT_KINDS, Grant
 from policies.limits import LIMIT_NAMES, canonical_number
+from policies.modes import Mode, mode_denial_reason
 from policies.policy import Policy
 from policies.request import Request
 
@@ -55,15 +56,23 @@ class Decision:
         }
 
 
-def decide(effective: Policy, request: Request, *, version: str) -> Decision:
-    """Judge ``request`` against the ``effective`` policy, recorded as ``version``."""
+def decide(
+    effective: Policy, request: Request, *, version: str, mode: Mode | None = None
+) -> Decision:
+    """Judge ``request`` against the ``effective`` policy, recorded as ``version``.
+
+    ``mode`` is the mode whose mask ``effective`` already includes; it changes no outcome,
+    only the reason a capability is missing: one that the mode removed says so.
+    """
     capability = request.capability
     if capability not in GRANT_KINDS:
         reason = f"unknown capability '{capability}'; unknown capabilities are always denied"
         return Decision(DENY, capability, (reason,), version)
     grant = effective.grant(capability)
     if grant is None:
-        reason = f"{capability} is not granted by the effective policy"
+        reason = (mode is not None and mode_denial_reason(mode, capability)) or (
+            f"{capability} is not granted by the effective policy"
+        )
         return Decision(DENY, capability, (reason,), version)
     denials, grounds = grant.judge(capability, request)
     limit_denials, limits = _judge_limits(grant, capability, request.limits)

@@ -45,3 +45,33 @@ def mode_mask(mode: Mode) -> Policy:
 def apply_mode(policy: Policy, mode: Mode) -> Policy:
     """``policy`` as a turn in ``mode`` may use it."""
     return meet(policy, mode_mask(mode))
+
+
+# What a person can do about a capability a read-only mode removed, per mode.
+_WAY_OUT = {
+    Mode.ASK: "use a thread in agent mode to run it",
+    Mode.PLAN: (
+        "propose it as a plan step (POST .../plans) for a person to accept, "
+        "or use a thread in agent mode"
+    ),
+    Mode.AUTO: (
+        "auto resolves to ask or plan; propose it as a plan step for a person to accept, "
+        "or use a thread in agent mode"
+    ),
+}
+
+
+def mode_denial_reason(mode: Mode, capability: str) -> str | None:
+    """Why ``mode`` alone removes ``capability``, or None when the mode keeps it.
+
+    A denial's reason should name what took the capability away: in a read-only mode it is
+    the mode, whatever the policy grants, so saying only "not granted by the policy" would
+    send a person to edit a policy that is not the cause.
+    """
+    if mode is Mode.AGENT or capability in READ_AND_NETWORK_CAPABILITIES:
+        return None
+    reads = ", ".join(sorted(READ_AND_NETWORK_CAPABILITIES))
+    return (
+        f"{capability} is not available in {mode} mode: {mode} mode allows reads only "
+        f"({reads}); {_WAY_OUT[mode]}"
+    )

@@ -299,10 +299,11 @@ def validate_args(name: str, args: Any) -> dict[str, Any]:
     The copy holds only JSON types and is what the caller should hash, sign and run, never
     the object it was given. Errors name the offending field (``args.argv[0]``).
     """
-    validator = _VALIDATORS[get_tool(name).name]
+    tool = get_tool(name)
+    validator = _VALIDATORS[tool.name]
     error = jsonschema.exceptions.best_match(validator.iter_errors(args))
     if error is not None:
-        raise _field_error(error)
+        raise _field_error(error, tool)
     for field in ("path", "cwd"):
         if field in args:
             try:
@@ -343,18 +344,31 @@ def output_read_requests(args: Mapping[str, Any]) -> tuple[Request, ...]:
     return tuple(Request(capability="fs.read", paths=(path,)) for path in declared_outputs(args))
 
 
-def _field_error(error: jsonschema.exceptions.ValidationError) -> InvalidArguments:
+def takes(tool: ToolSpec) -> str:
+    """The arguments ``tool`` accepts, for messages: ``fs.write takes: content, path``."""
+    names = sorted(tool.input_schema["properties"])
+    return f"{tool.name} takes: {', '.join(names)}" if names else f"{tool.name} takes no arguments"
+
+
+def _field_error(error: jsonschema.exceptions.ValidationError, tool: ToolSpec) -> InvalidArguments:
     field = _field_path(error.absolute_path)
     instance = error.instance
+    if not error.absolute_path and error.validator == "type":
+        return InvalidArguments(field, f"must be a JSON object of arguments; {takes(tool)}")
     if error.validator == "required":
         missing = [key for key in error.validator_value if key not in instance]
         return InvalidArguments(_field_path([*error.absolute_path, missing[0]]), "is required")
     if error.validator == "additionalProperties":
         allowed = error.schema.get("properties", {})
-        unexpected = sorted(key for key in instance if key not in allowed)
-        return InvalidArguments(
-            _field_path([*error.absolute_path, unexpected[0]]), "is not allowed"
+        unexpected = sorted(str(key) for key in instance if key not in allowed)
+        # The caller's own key, echoed bounded: it is what they must remove.
+        name = unexpected[0] if len(unexpected[0]) <= 64 else unexpected[0][:64] + "..."
+        reason = (
+            f"unknown argument {name!r}; {takes(tool)}"
+            if not error.absolute_path
+            else f"unknown key {name!r}; allowed: {', '.join(sorted(allowed))}"
         )
+        return InvalidArguments(_field_path([*error.absolute_path, unexpected[0]]), reason)
     if error.validator == "oneOf" and not error.absolute_path:
         return InvalidArguments(field, "give exactly one of 'argv' or 'script'")
     if error.validator == "propertyNames":

@@ -138,7 +138,9 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     mode = Mode.AGENT if plan else resolve_mode(Mode(thread.mode), wants_plan=False)
     effective = effective_policy(project=project, principal=actor, mode=mode)
     # Declared outputs are judged as fs.read of each path too (decide_call).
-    decision = decide_call(effective.policy, policy_request, canonical, version=effective.version)
+    decision = decide_call(
+        effective.policy, policy_request, canonical, version=effective.version, mode=mode
+    )
     scope = {
         "org": project.organization.public_id,
         "env": project.environment.public_id,

@@ -149,7 +149,7 @@ class ExplainViewSet(ProjectScopedViewSet):
             project=self.project, principal=self.principal, mode=mode
         )
         decision = decide_call(
-            effective.policy, policy_request, canonical, version=effective.version
+            effective.policy, policy_request, canonical, version=effective.version, mode=mode
         )
         return Response(
             {

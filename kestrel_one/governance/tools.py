@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from difflib import get_close_matches
+
 from kestrel_one.common.errors import ValidationFailed
-from policies import DENY, NEEDS_APPROVAL, Decision, Policy, Request, decide
+from policies import DENY, NEEDS_APPROVAL, Decision, Mode, Policy, Request, decide
 from runners.errors import InvalidArguments, UnknownTool
-from runners.registry import get_tool, output_read_requests, validate_args
+from runners.registry import TOOLS, get_tool, output_read_requests, validate_args
 
 
 def tool_call_request(tool_name: str, args):
@@ -17,8 +19,7 @@ def tool_call_request(tool_name: str, args):
         tool = get_tool(tool_name)
     except UnknownTool:
         raise ValidationFailed(
-            f"Unknown tool {tool_name!r}; GET /api/v1/tools lists the tools.",
-            details={"tool": ["unknown"]},
+            unknown_tool_message(tool_name), details={"tool": ["unknown"]}
         ) from None
     try:
         canonical = validate_args(tool.name, args)
@@ -27,7 +28,18 @@ def tool_call_request(tool_name: str, args):
     return tool, canonical, tool.capability_request(canonical)
 
 
-def decide_call(policy: Policy, request: Request, args, *, version: str) -> Decision:
+def unknown_tool_message(tool_name) -> str:
+    """Names the tools there are (and the likeliest one meant), so a typo is fixed at once."""
+    known = sorted(TOOLS)
+    close = get_close_matches(str(tool_name), known, n=1)
+    meant = f" (did you mean {close[0]!r}?)" if close else ""
+    return (
+        f"Unknown tool {str(tool_name)[:100]!r}{meant}; the tools are: {', '.join(known)}. "
+        "GET /api/v1/tools describes each one's arguments."
+    )
+
+
+def decide_call(policy: Policy, request: Request, args, *, version: str, mode: Mode) -> Decision:
     """Judge a call: its own request, then ``fs.read`` on each file it declares as output.
 
     A declared output comes back to the control plane whole and is kept as an artifact, so
@@ -35,16 +47,17 @@ def decide_call(policy: Policy, request: Request, args, *, version: str) -> Deci
     files cannot simply ride in the tool's ``Request``; each is judged as the ``fs.read`` it
     amounts to. Any unreadable output denies the whole call, with a reason naming the path;
     an output whose read needs approval makes the call need approval. The limits are the
-    tool's own.
+    tool's own. ``mode`` (already applied to ``policy``) lets a denial say that the mode, not
+    the policy, removed the capability.
     """
-    decision = decide(policy, request, version=version)
+    decision = decide(policy, request, version=version, mode=mode)
     reads = output_read_requests(args)
     if decision.outcome == DENY or not reads:
         return decision
     outcome, reasons, denials = decision.outcome, list(decision.reasons), []
     for read in reads:
         path = read.paths[0]
-        verdict = decide(policy, read, version=version)
+        verdict = decide(policy, read, version=version, mode=mode)
         if verdict.outcome == DENY:
             denials.append(
                 f"declared output '{path}' may not be read: " + "; ".join(verdict.reasons)

@@ -16,6 +16,7 @@ from policies import (
     decide,
     meet,
     meet_all,
+    mode_denial_reason,
     mode_mask,
     parse_policy,
     render_decision,
@@ -304,6 +305,33 @@ def test_ask_plan_and_auto_never_allow_writes_or_execution(policy, request):
             meet(mode_mask(mode), Policy.allowing(WRITE_AND_EXECUTE)),
         ):
             assert decide(effective, request, version="v").outcome == "deny"
+
+
+@pytest.mark.spec("POL-4", "POL-6")
+def test_a_capability_a_read_only_mode_removed_is_denied_naming_the_mode():
+    request = Request("shell.exec", command="git")
+    for mode in (Mode.ASK, Mode.PLAN, Mode.AUTO):
+        decision = decide(apply_mode(ENVIRONMENT, mode), request, version="v", mode=mode)
+        assert decision.outcome == "deny"
+        (reason,) = decision.reasons
+        assert reason.startswith(f"shell.exec is not available in {mode} mode: ")
+        assert "allows reads only (fs.read, model.invoke, net.http)" in reason
+        assert reason == mode_denial_reason(mode, "shell.exec")
+    # The mode keeps reads, and in agent mode a missing grant is the policy's doing.
+    assert mode_denial_reason(Mode.PLAN, "fs.read") is None
+    assert mode_denial_reason(Mode.AGENT, "shell.exec") is None
+    lacking = decide(Policy.deny_all(), request, version="v", mode=Mode.AGENT)
+    assert lacking.reasons == ("shell.exec is not granted by the effective policy",)
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, requests())
+def test_naming_the_mode_never_changes_an_outcome(policy, request):
+    for mode in Mode:
+        effective = apply_mode(policy, mode)
+        plain = decide(effective, request, version="v")
+        named = decide(effective, request, version="v", mode=mode)
+        assert (named.outcome, named.limits) == (plain.outcome, plain.limits)
 
 
 def test_policies_package_imports_no_framework():

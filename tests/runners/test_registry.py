@@ -141,6 +141,39 @@ def test_invalid_arguments_name_the_field(name, args, field):
     assert str(raised.value).startswith(field)
 
 
+@pytest.mark.parametrize(
+    ("name", "args", "reason"),
+    [
+        (
+            "fs.write",
+            {"path": "a", "content": "x", "mode": "w"},
+            "unknown argument 'mode'; fs.write takes: content, path",
+        ),
+        (
+            "shell.exec",
+            {"argv": ["ls"], "shell": True},
+            "unknown argument 'shell'; "
+            "shell.exec takes: argv, cwd, env, outputs, script, timeout_s",
+        ),
+        (
+            "workspace.checkpoint",
+            {"path": "."},
+            "unknown argument 'path'; workspace.checkpoint takes no arguments",
+        ),
+        (
+            "fs.read",
+            ["a"],
+            "must be a JSON object of arguments; fs.read takes: path",
+        ),
+    ],
+)
+def test_an_unknown_argument_lists_the_ones_the_tool_takes(name, args, reason):
+    """The runner refuses a command with the same words the API answers with."""
+    with pytest.raises(InvalidArguments) as raised:
+        validate_args(name, args)
+    assert raised.value.reason == reason
+
+
 def test_invalid_environment_names_are_refused_with_a_clear_reason():
     with pytest.raises(InvalidArguments) as raised:
         validate_args("shell.exec", {"argv": ["env"], "env": {"1BAD": "x"}})
