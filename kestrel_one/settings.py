@@ -287,7 +287,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["kestrel_one.api.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["kestrel_one.api.filters.FilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "kestrel_one.api.pagination.PublicIdCursorPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "kestrel_one.api.errors.exception_handler",

@@ -21,13 +21,62 @@ def not_found_body() -> dict:
     return error_body("not_found", NOT_FOUND_MESSAGE)
 
 
+# A validation message names every field's first problem, up to this length.
+VALIDATION_MESSAGE_MAX_CHARS = 1000
+NON_FIELD_KEYS = {"non_field_errors", "detail"}
+NOT_AUTHENTICATED_MESSAGE = (
+    "This needs an API token: send 'Authorization: Bearer TOKEN' or 'X-Kestrel-Token: TOKEN'."
+)
+
+
+def _field_problems(details, path: str = ""):
+    """(field path, first message, code) for each field in a DRF error tree."""
+    if isinstance(details, dict):
+        for key, value in details.items():
+            key = str(key)
+            if key in NON_FIELD_KEYS:
+                child = path
+            elif key.isdigit():
+                child = f"{path}[{key}]"
+            else:
+                child = f"{path}.{key}" if path else key
+            yield from _field_problems(value, child)
+    elif isinstance(details, list):
+        if details and not isinstance(details[0], dict | list):
+            yield path, str(details[0]), getattr(details[0], "code", None)
+        else:
+            for index, value in enumerate(details):
+                if value:
+                    yield from _field_problems(value, f"{path}[{index}]")
+    elif details:
+        yield path, str(details), getattr(details, "code", None)
+
+
 def _validation_message(details) -> str:
-    if isinstance(details, dict) and details:
-        fields = ", ".join(sorted(str(k) for k in details))
-        return f"Invalid input in: {fields}."
-    if isinstance(details, list) and details:
-        return str(details[0])
-    return "Invalid input."
+    """One line that says what to fix: the missing fields, then each other field's problem."""
+    problems = list(_field_problems(details))
+    if not problems:
+        return "Invalid input."
+    missing = [path for path, _, code in problems if code == "required" and path]
+    parts = [f"Missing required field(s): {', '.join(missing)}."] if missing else []
+    parts += [
+        f"{path}: {message}" if path else message
+        for path, message, code in problems
+        if not (code == "required" and path)
+    ]
+    text = " ".join(parts)
+    if len(text) > VALIDATION_MESSAGE_MAX_CHARS:
+        text = text[: VALIDATION_MESSAGE_MAX_CHARS - 3] + "..."
+    return text
+
+
+def _unsupported_media_type_message(context) -> str:
+    request = context.get("request")
+    sent = (getattr(request, "content_type", "") or "").split(";")[0].strip()[:100]
+    said = f'this request said "{sent}"' if sent else "this request sent none"
+    if sent == "application/x-www-form-urlencoded":
+        said += ", which is what curl -d sends unless told otherwise"
+    return f"Send the body as JSON with the header 'Content-Type: application/json' ({said})."
 
 
 def exception_handler(exc, context):
@@ -83,7 +132,12 @@ def _error_response(exc, context):
     if isinstance(exc, exceptions.ParseError):
         code = "parse_error"
     detail = response.data.get("detail") if isinstance(response.data, dict) else response.data
-    response.data = error_body(code, str(detail))
+    message = str(detail)
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        message = _unsupported_media_type_message(context)
+    elif isinstance(exc, exceptions.NotAuthenticated):
+        message = NOT_AUTHENTICATED_MESSAGE
+    response.data = error_body(code, message)
     return response
 
 

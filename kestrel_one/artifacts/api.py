@@ -42,7 +42,7 @@ from kestrel_one.artifacts.services import (
     share_used,
 )
 from kestrel_one.artifacts.storage import artifact_storage
-from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.common.errors import ValidationFailed, echo
 from kestrel_one.threads.models import Thread
 
 MAX_RETENTION_DAYS = 3650
@@ -284,10 +284,12 @@ class CheckpointRestoreViewSet(ProjectScopedViewSet):
             else checkpoint.thread
         )
         if thread is None:
-            raise ValidationFailed(
-                "Name a thread of this project to restore in.",
-                details={"thread": ["no such thread in this project"]},
+            missing = (
+                f"no thread {echo(thread_id)} in this project"
+                if thread_id
+                else "The checkpoint's thread is gone; name a thread of this project."
             )
+            raise ValidationFailed(missing, details={"thread": [missing]})
         action = checkpoint_restore(
             actor=self.principal,
             checkpoint=checkpoint,

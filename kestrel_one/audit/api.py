@@ -67,6 +67,8 @@ class AuditRecordSerializer(serializers.ModelSerializer):
 
 
 class AuditQuerySerializer(StrictSerializer):
+    field_kind = "query parameter"
+
     actor = serializers.CharField(required=False, max_length=64, help_text="An actor id.")
     action = serializers.CharField(
         required=False, max_length=64, help_text="An action, or a family such as 'token.*'."

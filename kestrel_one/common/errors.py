@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# A caller's own value echoed in a message is cut here: enough to recognise it.
+ECHO_MAX_CHARS = 64
+
+
+def echo(value: Any) -> str:
+    """``value`` as text for an error message, bounded (it came from the caller)."""
+    text = str(value)
+    return text if len(text) <= ECHO_MAX_CHARS else text[:ECHO_MAX_CHARS] + "..."
+
 
 class KestrelError(Exception):
     code = "error"

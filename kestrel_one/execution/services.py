@@ -19,7 +19,7 @@ from django.utils import timezone
 from kestrel_one.accounts.principal import runner_principal, system_principal
 from kestrel_one.artifacts.services import artifacts_capture
 from kestrel_one.audit.services import audit_record, audit_refusal_record
-from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed
+from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
@@ -86,9 +86,8 @@ def _plan_step(*, thread, plan_id: str, step: int, tool: str, args_digest: str):
     """The accepted plan step this action names, checked exactly: never found by similarity."""
     plan = Plan.objects.filter(public_id=plan_id, thread=thread).first()
     if plan is None:
-        raise ValidationFailed(
-            "No such plan in this thread.", details={"plan_step.plan": ["not in this thread"]}
-        )
+        missing = f"no plan {echo(plan_id)} in this thread"
+        raise ValidationFailed(missing, details={"plan_step.plan": [missing]})
     if plan.state != "accepted":
         raise ValidationFailed(
             f"This plan is {plan.state}; a person must accept it first.",

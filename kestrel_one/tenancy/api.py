@@ -10,7 +10,12 @@ from rest_framework.response import Response
 
 from kestrel_one.accounts.scopes import Role
 from kestrel_one.api.base import OrgScopedViewSet
-from kestrel_one.api.serializers import StrictModelSerializer, StrictSerializer
+from kestrel_one.api.serializers import (
+    PublicIdRelatedField,
+    StrictModelSerializer,
+    StrictSerializer,
+)
+from kestrel_one.common.errors import echo
 from kestrel_one.tenancy import services
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
 
@@ -136,9 +141,14 @@ def resolve_projects(organization, ids: list[str]) -> list[Project]:
     found = {
         p.public_id: p for p in Project.objects.for_org(organization).filter(public_id__in=ids)
     }
-    missing = [f"projects[{i}]" for i, pid in enumerate(ids) if pid not in found]
+    missing = {f"projects[{i}]": pid for i, pid in enumerate(ids) if pid not in found}
     if missing:
-        raise serializers.ValidationError({name: ["Unknown project."] for name in missing})
+        raise serializers.ValidationError(
+            {
+                name: [f"no project {echo(pid)} in this organization"]
+                for name, pid in missing.items()
+            }
+        )
     return [found[pid] for pid in dict.fromkeys(ids)]
 
 
@@ -249,8 +259,9 @@ class EnvironmentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSc
 
 class ProjectSerializer(StrictModelSerializer):
     id = serializers.CharField(source="public_id", read_only=True)
-    environment = serializers.SlugRelatedField(
-        slug_field="public_id",
+    environment = PublicIdRelatedField(
+        noun="environment",
+        prefix="env",
         queryset=Environment.objects.none(),
         help_text="The environment's id (env_...). Fixed once the project exists.",
     )

@@ -287,7 +287,8 @@ def project_create(
 ) -> Project:
     if environment.organization_id != organization.pk:
         # Callers resolve the environment through the organization; this is the last guard.
-        raise ValidationFailed("Unknown environment.", details={"environment": ["not found"]})
+        missing = f"no environment {environment.public_id} in this organization"
+        raise ValidationFailed(missing, details={"environment": [missing]})
     _require_name_free(Project, organization, name)
     project = Project.objects.create(
         organization=organization, environment=environment, name=name, description=description
