@@ -145,6 +145,28 @@ def test_a_refused_path_is_a_failed_action_with_a_receipt(e2e):
     assert Receipt.objects.get(action=refused).outcome == "failed"
 
 
+@pytest.mark.spec("RUN-4")
+def test_a_command_that_exits_non_zero_succeeded_and_its_result_has_the_exit_code(e2e, world):
+    """What docs/api.md promises: ``succeeded`` means the tool ran; the status is in the result."""
+    action = run(e2e, "shell.exec", {"script": "echo half done; exit 3"})
+    thread = e2e["thread"]
+    shown = (
+        world["owner"]
+        .client()
+        .get(
+            f"/api/v1/orgs/{thread.organization.slug}/projects/{thread.project.public_id}"
+            f"/threads/{thread.public_id}/actions/{action.public_id}"
+        )
+    )
+    assert shown.status_code == 200, shown.content
+    body = shown.json()
+    assert body["state"] == "succeeded"
+    assert body["result"]["exit_code"] == 3 and body["result"]["stdout"] == "half done\n"
+    documented = {"exit_code", "stdout", "stderr", "truncated", "duration_ms", "timed_out"}
+    assert documented | {"oom_killed", "sandbox"} <= set(body["result"])
+    assert body["error"] is None
+
+
 @pytest.mark.spec("AUD-5", "RUN-7")
 def test_a_call_outliving_the_started_delay_is_running_before_it_finishes(e2e):
     # The call waits for a file the test creates only once the control plane recorded the
