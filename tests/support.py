@@ -1,9 +1,18 @@
-"""Helpers for tests that start real processes: ports, and stopping what they started."""
+"""Helpers for tests that start real processes: ports, servers, and stopping what they
+started."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -22,3 +31,56 @@ def stop(process: subprocess.Popen, *, timeout: float = 30) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def single_host_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KESTREL_", "DJANGO_", "DATABASE_URL", "REDIS_URL"))
+    }
+    env.update(KESTREL_MODE="single-host", KESTREL_DATA_DIR=str(data_dir), **extra)
+    env["DJANGO_SETTINGS_MODULE"] = "kestrel_one.settings"
+    return env
+
+
+def manage(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+class Server:
+    def __init__(self, env, argv: list[str], port: int):
+        self.port = port
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def wait_ready(self, host: str = "127.0.0.1") -> None:
+        # Bounded by attempts, not by a clock: a loaded machine may answer the first
+        # request slowly, which is not a failure of what these tests check.
+        for _ in range(300):
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited: {self.process.stdout.read()}")
+            try:
+                requests.get(f"http://{host}:{self.port}/api/v1/health", timeout=10)
+                return
+            except requests.RequestException:
+                time.sleep(0.2)
+        raise AssertionError("server did not become ready")
+
+    def stop(self) -> str:
+        self.process.terminate()
+        try:
+            output, _ = self.process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            output, _ = self.process.communicate()
+        return output

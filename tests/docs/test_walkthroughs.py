@@ -1,0 +1,104 @@
+"""The README tour and the docs/api.md walk-through run as written against `manage.py serve`.
+
+Each document's shell blocks are taken verbatim and run by bash, in order, at the top of the
+checkout, against a single-host server started as `make run` starts it: no REDIS_URL, a
+fresh data folder, the embedded broker and the sandbox it finds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT, Server, free_port, single_host_env
+
+pytestmark = pytest.mark.spec("LOCAL-1", "LOCAL-2")
+
+SHELL_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
+
+
+def shell_blocks(markdown: str) -> list[str]:
+    return SHELL_BLOCK.findall(markdown)
+
+
+def readme_tour() -> str:
+    readme = (ROOT / "README.md").read_text()
+    tour = readme[readme.index("## A short tour") :]
+    return shell_blocks(tour[: tour.index("\n## ", 1)])[0]
+
+
+def json_documents(output: str) -> list[dict]:
+    """Every JSON object curl printed, in order (curl adds no newline between them)."""
+    decoder, documents, at = json.JSONDecoder(), [], 0
+    while at < len(output):
+        if output[at].isspace():
+            at += 1
+            continue
+        document, at = decoder.raw_decode(output, at)
+        documents.append(document)
+    return documents
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("walkthrough") / "var"
+    env = single_host_env(data_dir)
+    assert "REDIS_URL" not in env
+    port = free_port()
+    process = Server(
+        env, [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"], port
+    )
+    try:
+        process.wait_ready()
+        yield env, port
+    finally:
+        process.stop()
+
+
+def run_as_written(script: str, env: dict, port: int) -> list[dict]:
+    shell_env = {**env, "PORT": str(port)}
+    shell_env.pop("DJANGO_SETTINGS_MODULE", None)  # what a person's shell has: nothing set
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=ROOT,
+        env=shell_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return json_documents(result.stdout)
+
+
+def test_the_readme_tour_runs_as_written(server):
+    env, port = server
+    assert os.access(ROOT / ".venv/bin/python", os.X_OK), "the tour uses the checkout's .venv"
+    policy, written, refused, approved, finished = run_as_written(readme_tour(), env, port)
+    assert policy["version"].startswith("pol_")
+    assert written["tool"] == "fs.write" and written["state"] == "succeeded", written
+    assert refused["error"]["code"] == "permission_denied"
+    assert "local agent" in refused["error"]["message"]
+    assert approved["state"] in {"queued", "running", "succeeded"}, approved
+    assert finished["state"] == "succeeded", finished
+    assert finished["result"]["exit_code"] == 0 and finished["result"]["stdout"] == "hi"
+
+
+def test_the_api_walkthrough_runs_as_written(server):
+    env, port = server
+    script = "\n".join(shell_blocks((ROOT / "docs/api.md").read_text()))
+    documents = run_as_written(script, env, port)
+    by_state = [d.get("state") for d in documents]
+    errors = [d["error"]["code"] for d in documents if d.get("error")]
+    # The agent's approval is refused; the thread refuses work once ended; nothing else fails.
+    assert errors == ["permission_denied", "thread_ended"], documents
+    assert by_state.count("succeeded") >= 3, documents  # the write, the command, the plan step
+    command = next(d for d in documents if d.get("tool") == "shell.exec" and d.get("result"))
+    assert command["result"]["exit_code"] == 0 and command["result"]["stdout"] == "print(1)\n"
+    step = next(d for d in documents if d.get("plan_step") and d.get("state"))
+    assert step["state"] == "succeeded" and step["mode"] == "agent", step
