@@ -9,7 +9,12 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from kestrel_one.common.errors import KestrelError
 
-NOT_FOUND_MESSAGE = "Not found."
+# One message for every 404 (TEN-4: a foreign object is answered exactly like a missing one),
+# so it can only say where to look, never which part of the path was wrong.
+NOT_FOUND_MESSAGE = (
+    "Not found. Check the organization slug and the ids in the path; GET /api/v1/orgs lists "
+    "the organizations you can address."
+)
 
 
 def error_body(code: str, message: str, details=None) -> dict:

@@ -365,3 +365,15 @@ def test_the_message_names_each_field_and_its_problem(world):
     )
     error = error_of(response, 400, "invalid")
     assert error["message"] == "email: Enter a valid email address."
+
+
+def test_a_404_says_where_to_look_and_is_one_body_for_every_404(world):
+    """A wrong organization slug is the tour's likeliest 404; the body cannot say which part
+    was wrong (a foreign object must look missing), so it says where to look."""
+    client = world["owner"].client()
+    wrong_org = client.get("/api/v1/orgs/acem/projects")
+    missing = client.get(f"/api/v1/orgs/acme/projects/prj_{'0' * 26}")
+    foreign = client.get(f"/api/v1/orgs/globex/projects/{world.foreign_project.public_id}")
+    error = error_of(wrong_org, 404, "not_found")
+    assert "GET /api/v1/orgs" in error["message"]
+    assert wrong_org.content == missing.content == foreign.content
