@@ -75,6 +75,20 @@ def _validation_message(details) -> str:
     return text
 
 
+def _method_not_allowed_message(context) -> str:
+    """Names the methods the route takes: those it maps and, on an organization route, that
+    its scope map allows (a mapped method without a scope is refused too). OPTIONS is never
+    answered (the schema describes routes)."""
+    view, request = context.get("view"), context.get("request")
+    method = getattr(request, "method", "")[:16]
+    methods = [m for m in getattr(view, "allowed_methods", []) if m != "OPTIONS"]
+    scope_map = getattr(view, "scope_map", None)
+    if scope_map:
+        methods = [m for m in methods if m in scope_map or (m == "HEAD" and "GET" in scope_map)]
+    takes = ", ".join(sorted(methods)) or "no method"
+    return f"{method} is not allowed here; this route takes: {takes}."
+
+
 def _unsupported_media_type_message(context) -> str:
     request = context.get("request")
     sent = (getattr(request, "content_type", "") or "").split(";")[0].strip()[:100]
@@ -142,6 +156,8 @@ def _error_response(exc, context):
         message = _unsupported_media_type_message(context)
     elif isinstance(exc, exceptions.NotAuthenticated):
         message = NOT_AUTHENTICATED_MESSAGE
+    elif isinstance(exc, exceptions.MethodNotAllowed):
+        message = _method_not_allowed_message(context)
     response.data = error_body(code, message)
     return response
 

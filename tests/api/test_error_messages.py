@@ -377,3 +377,18 @@ def test_a_404_says_where_to_look_and_is_one_body_for_every_404(world):
     error = error_of(wrong_org, 404, "not_found")
     assert "GET /api/v1/orgs" in error["message"]
     assert wrong_org.content == missing.content == foreign.content
+
+
+def test_a_method_the_route_lacks_names_the_ones_it_takes(world):
+    client = world["owner"].client()
+    projects = client.put("/api/v1/orgs/acme/projects", {}, format="json")
+    assert error_of(projects, 405, "method_not_allowed")["message"] == (
+        "PUT is not allowed here; this route takes: GET, HEAD, POST."
+    )
+    policy = client.patch(f"{project_url(world)}/policy", {}, format="json")
+    assert (
+        "this route takes: GET, HEAD, PUT."
+        in error_of(policy, 405, "method_not_allowed")["message"]
+    )
+    health = client.post("/api/v1/health")
+    assert "this route takes: GET, HEAD." in error_of(health, 405, "method_not_allowed")["message"]
