@@ -169,7 +169,9 @@ def test_member_cannot_mint_scopes_they_do_not_hold(world):
     response = (
         world["member"]
         .client()
-        .post("/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["policies:write"]}, format="json")
+        .post(
+            "/api/v1/orgs/acme/tokens", {"name": "x", "scopes": ["policies:write"]}, format="json"
+        )
     )
     assert response.status_code == 403
     assert "policies:write" in response.json()["error"]["message"]

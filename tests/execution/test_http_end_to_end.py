@@ -4,6 +4,7 @@ and its receipt and events are there."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -60,8 +61,23 @@ def server(tmp_path, docker_backend):
             break
         except requests.RequestException:
             time.sleep(0.2)
-    token = re.search(r"API token: (kst_\S+)", (tmp_path / "serve.log").read_text()).group(1)
-    yield {"base": base, "token": token, "log": tmp_path / "serve.log"}
+    token = re.search(r"Agent token: (kst_\S+)", (tmp_path / "serve.log").read_text()).group(1)
+    # The person: the owner, with a token of their own that a command on the server prints.
+    person = subprocess.run(
+        [sys.executable, "manage.py", "bootstrap", "--org", "local", "--email", "owner@localhost"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    yield {
+        "base": base,
+        "token": token,
+        "person": json.loads(person.stdout)["token"],
+        "log": tmp_path / "serve.log",
+    }
     stop(process, timeout=60)
     log.close()
 
@@ -81,13 +97,14 @@ def call(server, method: str, path: str, token: str, body=None, expect: int = 20
 @pytest.mark.spec("POL-5", "AUD-3", "AUD-5", "RUN-3")
 def test_shell_call_waits_for_a_person_then_runs_with_receipt_and_events(server):
     agent_token = server["token"]  # printed once by serve on first run
-    env = call(server, "POST", "/orgs/local/environments", agent_token, {"name": "dev"}, 201)
-    call(server, "PUT", f"/orgs/local/environments/{env['id']}/policy", agent_token, POLICY)
+    person_token = server["person"]
+    env = call(server, "POST", "/orgs/local/environments", person_token, {"name": "dev"}, 201)
+    call(server, "PUT", f"/orgs/local/environments/{env['id']}/policy", person_token, POLICY)
     project = call(
         server,
         "POST",
         "/orgs/local/projects",
-        agent_token,
+        person_token,
         {"name": "site", "environment": env["id"]},
         201,
     )
@@ -116,21 +133,12 @@ def test_shell_call_waits_for_a_person_then_runs_with_receipt_and_events(server)
     assert requested["state"] == "awaiting_approval"
     action = f"{actions}/{requested['id']}"
 
-    # The agent's own token cannot approve what it asked for.
+    # The agent's own token cannot approve what it asked for, nor mint a token that could.
     call(server, "POST", f"{action}/approve", agent_token, {}, 403)
+    minted = {"name": "approver", "scopes": ["org:read", "projects:read", "actions:approve"]}
+    call(server, "POST", "/orgs/local/tokens", agent_token, minted, 403)
     # The owner, as a person with a token of their own, approves.
-    person = call(
-        server,
-        "POST",
-        "/orgs/local/tokens",
-        agent_token,
-        {
-            "name": "owner at the console",
-            "scopes": ["org:read", "projects:read", "actions:approve"],
-        },
-        201,
-    )
-    approved = call(server, "POST", f"{action}/approve", person["token"], {"reason": "ok"})
+    approved = call(server, "POST", f"{action}/approve", person_token, {"reason": "ok"})
     assert approved["state"] in {"queued", "running", "succeeded"}
 
     finished = call(server, "GET", f"{action}?wait=60", agent_token)

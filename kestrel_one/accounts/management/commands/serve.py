@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
+import signal
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from kestrel_one.api.authentication import is_loopback
+from kestrel_one.common.broker import broker_status
+from kestrel_one.common.runtime import (
+    DataFolderInUse,
+    RuntimeDirectoryError,
+    RuntimePaths,
+    ServeLock,
+    ensure_private_directory,
+    runtime_paths,
+)
+from kestrel_one.execution.embedded_broker import BrokerNotStarted, EmbeddedBroker
 from kestrel_one.execution.local import start_local_workers, stop_local_workers
 from kestrel_one.tenancy.models import Organization
 
@@ -24,10 +35,12 @@ class Command(BaseCommand):
     help = (
         "Run Kestrel One: the web service (gunicorn) on 127.0.0.1:8000 by default. In "
         "single-host mode it applies migrations first, on an empty database creates a local "
-        "owner and prints once how to sign in and a token, and (when REDIS_URL names a broker) "
-        "also runs the control worker with its scheduler and a runner, which execute calls "
-        "through the same signed path as hosted runners. It refuses to listen on a "
-        "non-loopback address in single-host mode unless KESTREL_SERVER_TOKEN is set."
+        "owner and prints once how to sign in and a token, starts its own broker (a "
+        "redis-server on a Unix socket in the data folder) unless REDIS_URL names one, and runs "
+        "the control worker with its scheduler and a runner, which execute calls through the "
+        "same signed path as hosted runners. It refuses to listen on a non-loopback address "
+        "in single-host mode unless KESTREL_SERVER_TOKEN is set. In hosted mode it refuses to "
+        "start when nobody answers at REDIS_URL."
     )
 
     def add_arguments(self, parser):
@@ -56,23 +69,90 @@ class Command(BaseCommand):
                 f"Refusing to listen on {host}: in single-host mode a non-loopback address needs "
                 "KESTREL_SERVER_TOKEN, so that callers from other machines must present it."
             )
+        paths = runtime_paths(settings.KESTREL_DATA_DIR)
+        if settings.HOSTED and not broker_status(fresh=True).reachable:
+            raise CommandError(
+                f"Refusing to start: nobody answers at REDIS_URL ({broker_status().label}). "
+                "Calls could not be dispatched and would wait for nothing; start Redis or fix "
+                "REDIS_URL, then start again."
+            )
+        # Until gunicorn installs its own handlers: SIGTERM unwinds through the finally below,
+        # so what was started is stopped.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        lock = ServeLock(paths) if settings.SINGLE_HOST else None
+        broker: EmbeddedBroker | None = None
         children = []
-        if settings.SINGLE_HOST:
-            call_command("migrate", interactive=False, verbosity=0)
-            self._first_run_owner(host, port)
-            if web_only:
-                pass
-            elif settings.CELERY_BROKER_URL:
-                children = start_local_workers(self.stdout)
-            else:
-                self.stdout.write(
-                    "Execution is off: set REDIS_URL (for example redis://127.0.0.1:6379/0) to "
-                    "run the control worker and a runner with the web service."
-                )
         try:
-            self._run_web(host, port, workers, threads)
+            try:
+                if lock is not None:
+                    lock.acquire()
+                ensure_private_directory(paths.run_dir)
+            except (DataFolderInUse, RuntimeDirectoryError) as error:
+                raise CommandError(str(error)) from None
+            if settings.SINGLE_HOST:
+                call_command("migrate", interactive=False, verbosity=0)
+                self._first_run_owner(host, port)
+                if web_only:
+                    self.stdout.write(
+                        "Broker:  not started (--web-only): calls that would execute are "
+                        "refused (503)."
+                    )
+                else:
+                    broker, broker_up = self._start_broker(paths)
+                    self._report_sandbox()
+                    if broker_up or not settings.KESTREL_EMBEDDED_BROKER:
+                        children = start_local_workers(self.stdout)
+            self._run_web(host, port, workers, threads, paths)
         finally:
             stop_local_workers(children)
+            if broker is not None:
+                broker.stop()
+            if lock is not None:
+                lock.release()
+
+    def _start_broker(self, paths: RuntimePaths) -> tuple[EmbeddedBroker | None, bool]:
+        """Start the embedded broker, or check the one REDIS_URL names; print one line."""
+        if not settings.KESTREL_EMBEDDED_BROKER:
+            status = broker_status(fresh=True)
+            if status.reachable:
+                self.stdout.write(f"Broker:  {status.label} (REDIS_URL)")
+            else:
+                self.stdout.write(
+                    f"Broker:  {status.label} (REDIS_URL) does not answer: calls that would "
+                    "execute are refused (503) until it does."
+                )
+            return None, status.reachable
+        broker = EmbeddedBroker(paths)
+        try:
+            broker.start()
+        except BrokerNotStarted as error:
+            self.stdout.write(
+                f"Broker:  none, {error}. Calls that would execute are refused (503)."
+            )
+            return None, False
+        self.stdout.write(f"Broker:  {broker.label} (no TCP port)")
+        return broker, True
+
+    def _report_sandbox(self) -> None:
+        """Say which sandbox the local runner will have; it probes again for itself."""
+        from runners.heartbeat import SandboxWatch
+        from runners.sandbox import DockerBackend
+        from runners.sandbox.docker import DEFAULT_TOOL_IMAGE
+
+        workspaces = settings.KESTREL_DATA_DIR / "workspaces"
+        workspaces.mkdir(parents=True, exist_ok=True)
+        watch = SandboxWatch(os.environ.get("KESTREL_SANDBOX", "auto"), workspaces)
+        name = watch.current()
+        if isinstance(watch.backend, DockerBackend):
+            watch.backend.client.close()
+            self.stdout.write(f"Sandbox: docker ({DEFAULT_TOOL_IMAGE})")
+        elif name != "none":
+            self.stdout.write(f"Sandbox: {name}")
+        else:
+            self.stdout.write(
+                f"Sandbox: none, {watch.detail}. shell.exec and code.python calls fail closed "
+                "(nothing ever runs unsandboxed); file tools still work."
+            )
 
     def _first_run_owner(self, host: str, port: int) -> None:
         if Organization.objects.exists():
@@ -89,10 +169,14 @@ class Command(BaseCommand):
             f"  Try:       curl -H 'Authorization: Bearer <token>' {address}/api/v1/orgs\n"
         )
 
-    def _run_web(self, host: str, port: int, workers: int, threads: int) -> None:
+    def _run_web(
+        self, host: str, port: int, workers: int, threads: int, paths: RuntimePaths
+    ) -> None:
         from gunicorn.app.base import BaseApplication
 
         from kestrel_one.wsgi import application
+
+        web_tmp = paths.web_worker_tmp_dir
 
         class WebServer(BaseApplication):
             def load_config(self):
@@ -106,6 +190,11 @@ class Command(BaseCommand):
                     "logger_class", "kestrel_one.common.gunicorn_logging.RedactingAccessLogger"
                 )
                 self.cfg.set("timeout", 120)
+                # Its control socket and its workers' heartbeat files go under the data
+                # folder, so two services with different folders never take each other's.
+                self.cfg.set("control_socket", str(paths.web_control_socket))
+                self.cfg.set("control_socket_mode", 0o600)
+                self.cfg.set("worker_tmp_dir", str(ensure_private_directory(web_tmp)))
                 # Never trust X-Forwarded-For for the source address: loopback rules use
                 # the socket's peer only.
                 self.cfg.set("forwarded_allow_ips", "")
@@ -116,3 +205,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Kestrel One listening on {host}:{port} ({settings.KESTREL_MODE})")
         self.stdout.flush()
         WebServer().run()
+
+
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)
