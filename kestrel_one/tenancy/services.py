@@ -77,6 +77,16 @@ def _grant_project(user, project: Project) -> None:
 def membership_add(
     *, actor: Principal, organization, user, role: Role, projects: list[Project] | None = None
 ) -> Membership:
+    membership = _membership_create(
+        actor=actor, organization=organization, user=user, role=role, projects=projects
+    )
+    _membership_add_audit(actor=actor, membership=membership, projects=projects)
+    return membership
+
+
+def _membership_create(
+    *, actor: Principal, organization, user, role: Role, projects: list[Project] | None
+) -> Membership:
     _check_can_grant(actor, organization, role)
     try:
         with transaction.atomic():
@@ -89,18 +99,24 @@ def membership_add(
     except IntegrityError:
         raise Conflict(f"{user.email} is already a member of this organization.") from None
     _set_project_grants(membership, projects)
+    return membership
+
+
+def _membership_add_audit(
+    *, actor: Principal, membership: Membership, projects: list[Project] | None, **extra
+) -> None:
     audit_record(
-        organization=organization,
+        organization=membership.organization,
         actor=actor,
         action="membership.add",
         target=membership,
         data={
-            "user": user.public_id,
-            "role": role,
+            "user": membership.user.public_id,
+            "role": membership.role,
             "projects": [p.public_id for p in projects] if projects is not None else "all",
+            **extra,
         },
     )
-    return membership
 
 
 @dataclass(frozen=True)
@@ -127,22 +143,23 @@ def member_add(
 
     Someone with no password yet gets a one-time sign-in link under ``base_url``
     (accounts/sign_in_links.py says who qualifies). The link is returned to be shown once;
-    the audit row records that one was made and until when, never the link.
+    the one ``membership.add`` audit row says until when it works, never the link.
     """
     user, _ = user_get_or_create(email=email, name=name)
-    membership = membership_add(
+    membership = _membership_create(
         actor=actor, organization=organization, user=user, role=role, projects=projects
     )
     if not sign_in_link_allowed(user, organization):
+        _membership_add_audit(actor=actor, membership=membership, projects=projects)
         return MemberAdded(membership)
+    # Made after the membership exists: the link's token covers the person's memberships.
     link = base_url.rstrip("/") + sign_in_link_path(user)
     expires_at = sign_in_link_expires_at()
-    audit_record(
-        organization=organization,
+    _membership_add_audit(
         actor=actor,
-        action="sign_in_link.issue",
-        target=user,
-        data={"membership": membership.public_id, "expires_at": expires_at.isoformat()},
+        membership=membership,
+        projects=projects,
+        sign_in_link_expires_at=expires_at.isoformat(),
     )
     return MemberAdded(membership, link, expires_at)
 
