@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from runners.brokerurl import is_redis_url, kombu_url, redis_client_url
 from runners.protocol import load_private_key, load_public_key
 
 __all__ = ["SANDBOX_CHOICES", "RunnerConfig", "RunnerConfigError"]
@@ -79,17 +80,23 @@ class RunnerConfig:
             raise RunnerConfigError(
                 f"KESTREL_RUNNER_POOL must be letters, digits, '_', '-' or '.', got {pool!r}"
             )
-        broker_url = required("KESTREL_BROKER_URL")
+        # Either spelling of a Redis on a Unix socket is taken (runners.brokerurl): Celery
+        # gets kombu's, the call state redis-py's.
+        broker_url = kombu_url(required("KESTREL_BROKER_URL"))
         state_url = env.get("KESTREL_RUNNER_STATE_URL", "").strip()
         if not state_url:
-            if not _is_redis_url(broker_url):
+            if not is_redis_url(broker_url):
                 raise RunnerConfigError(
                     "KESTREL_RUNNER_STATE_URL is required when KESTREL_BROKER_URL is not "
-                    "a redis:// URL (call state lives in Redis)"
+                    "a Redis URL (call state lives in Redis)"
                 )
             state_url = broker_url
-        if not _is_redis_url(state_url):
-            raise RunnerConfigError("KESTREL_RUNNER_STATE_URL must be a redis:// URL")
+        if not is_redis_url(state_url):
+            raise RunnerConfigError(
+                "KESTREL_RUNNER_STATE_URL must be a Redis URL (redis://, rediss:// or "
+                "unix:///path/to/redis.sock)"
+            )
+        state_url = redis_client_url(state_url)
         sandbox = env.get("KESTREL_SANDBOX", "auto").strip() or "auto"
         if sandbox not in SANDBOX_CHOICES:
             raise RunnerConfigError(
@@ -186,7 +193,3 @@ def env_whole_number(env: Mapping[str, str], name: str, default: int, *, hint: s
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise RunnerConfigError(f"{name} must be a positive whole number{hint}, got {text!r}")
     return int(text)
-
-
-def _is_redis_url(url: str) -> bool:
-    return url.startswith(("redis://", "rediss://"))
