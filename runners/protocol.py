@@ -47,6 +47,10 @@ __all__ = [
     "CONTROL_KID",
     "CONTROL_TYP",
     "CONTROL_TYPES",
+    "HEARTBEAT_CLAIMS",
+    "HEARTBEAT_LIFETIME_SECONDS",
+    "HEARTBEAT_SANDBOXES",
+    "HEARTBEAT_TYP",
     "LEEWAY_SECONDS",
     "LIMIT_KEYS",
     "MAX_COMMAND_LIFETIME_SECONDS",
@@ -59,6 +63,7 @@ __all__ = [
     "CommandRefused",
     "ControlMessage",
     "ControlRefused",
+    "Heartbeat",
     "ProtocolError",
     "ResultRefused",
     "RunnerReport",
@@ -72,12 +77,14 @@ __all__ = [
     "public_key_pem",
     "sign_command",
     "sign_control_message",
+    "sign_heartbeat",
     "sign_result",
     "token_digest",
     "unverified_call_id",
     "unverified_runner_id",
     "verify_command",
     "verify_control_message",
+    "verify_heartbeat",
     "verify_result",
 ]
 
@@ -88,6 +95,9 @@ RESULT_TYP = "kestrel-result+jwt"
 # command verifier refuses them by typ and claim set, and the other way round.
 CONTROL_TYP = "kestrel-control+jwt"
 CONTROL_KID = "control"
+# A runner's heartbeat (runner -> control plane): it is alive, and which sandbox backend it
+# found. Its own type, so no verifier of reports or commands takes one for the other.
+HEARTBEAT_TYP = "kestrel-heartbeat+jwt"
 COMMAND_ISSUER = "kestrel-control"
 RESULT_AUDIENCE = "kestrel-control"
 
@@ -100,6 +110,8 @@ RESULT_LIFETIME_SECONDS = 3600
 # A control message is a notice, not work: it is only worth acting on soon after it was sent
 # (the control plane uses 120 s). A late one is refused and the runner's own cleanup applies.
 MAX_CONTROL_LIFETIME_SECONDS = 600
+# A heartbeat says something about now; one that arrives late is refused as expired.
+HEARTBEAT_LIFETIME_SECONDS = 120
 
 COMMAND_CLAIMS = frozenset(
     {
@@ -146,6 +158,10 @@ CONTROL_CLAIMS = frozenset(
 )
 # What a control message may ask. Anything else is refused (fail closed).
 CONTROL_TYPES = frozenset({"thread.end"})
+
+HEARTBEAT_CLAIMS = frozenset({"iss", "aud", "iat", "exp", "jti", "pool", "sandbox"})
+# The backend a runner's probe found for process tools, or "none" (they then fail closed).
+HEARTBEAT_SANDBOXES = frozenset({"docker", "bubblewrap", "none"})
 
 # The limits a command carries; they become runners.sandbox.ExecLimits. The first five are
 # required, tmp_mb is optional. Sizes and counts are integers (the engine wants whole
@@ -649,6 +665,80 @@ def verify_result(
         raise ResultRefused("wrong_audience", f"a report is for {RESULT_AUDIENCE!r}")
     _check_time_window(claims, now, ResultRefused)
     return RunnerReport(**claims, raw=token)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A verified heartbeat: runner ``iss`` of ``pool`` is up and its sandbox is ``sandbox``."""
+
+    iss: str
+    aud: str
+    iat: int
+    exp: int
+    jti: str
+    pool: str
+    sandbox: str
+
+    @property
+    def runner_id(self) -> str:
+        return self.iss
+
+
+def sign_heartbeat(
+    *,
+    pool: str,
+    sandbox: str,
+    private_key_pem: bytes | str | Ed25519PrivateKey,
+    runner_id: str,
+    now: int | None = None,
+) -> str:
+    """Sign runner ``runner_id``'s heartbeat for the control plane."""
+    payload = _with_lifetime(
+        {"iss": runner_id, "aud": RESULT_AUDIENCE, "pool": pool, "sandbox": sandbox},
+        lifetime=HEARTBEAT_LIFETIME_SECONDS,
+        now=now,
+        not_before=False,
+    )
+    payload["jti"] = uuid.uuid4().hex
+    return _sign(payload, private_key_pem, typ=HEARTBEAT_TYP, kid=runner_id)
+
+
+def verify_heartbeat(
+    token: str,
+    *,
+    runner_public_key: bytes | str | Ed25519PublicKey,
+    runner_id: str,
+    now: float | None = None,
+) -> Heartbeat:
+    """The heartbeat in ``token`` if runner ``runner_id`` signed it; the key is looked up as
+    for a report (``unverified_runner_id``). Raises ``ResultRefused``."""
+    header, claims = _verified_parts(
+        token, runner_public_key, refused=ResultRefused, typ=HEARTBEAT_TYP
+    )
+    if header.get("kid") != runner_id or claims.get("iss") != runner_id:
+        raise ResultRefused("wrong_runner", "the heartbeat is not from the expected runner")
+    _require_claim_set(claims, HEARTBEAT_CLAIMS, ResultRefused)
+    for name in ("iat", "exp"):
+        _require(
+            _is_int(claims[name]) and claims[name] >= 0,
+            name,
+            "a whole number of seconds",
+            ResultRefused,
+        )
+    _require(_is_text(claims["jti"]), "jti", "a string", ResultRefused)
+    _require(_is_public_id(claims["pool"]), "pool", "a pool name", ResultRefused)
+    _require(
+        claims["sandbox"] in HEARTBEAT_SANDBOXES,
+        "sandbox",
+        f"one of {sorted(HEARTBEAT_SANDBOXES)}",
+        ResultRefused,
+    )
+    if claims["aud"] != RESULT_AUDIENCE:
+        raise ResultRefused("wrong_audience", f"a heartbeat is for {RESULT_AUDIENCE!r}")
+    if claims["exp"] - claims["iat"] > HEARTBEAT_LIFETIME_SECONDS:
+        raise ResultRefused("malformed", "a heartbeat lives at most two minutes")
+    _check_time_window(claims, now, ResultRefused)
+    return Heartbeat(**claims)
 
 
 def _check_result_claims(claims: Mapping[str, Any]) -> None:

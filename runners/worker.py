@@ -52,7 +52,13 @@ import redis
 import requests.exceptions
 from celery import Celery
 from celery.exceptions import Reject
-from celery.signals import celeryd_after_setup, worker_init, worker_process_shutdown
+from celery.signals import (
+    celeryd_after_setup,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
@@ -63,6 +69,7 @@ from runners import tools
 from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
 from runners.config import RunnerConfig, env_seconds, env_whole_number
 from runners.errors import RunnerError
+from runners.heartbeat import HEARTBEAT_EXPIRES_SECONDS, HEARTBEAT_TASK, start_heartbeats
 from runners.protocol import (
     Command,
     CommandRefused,
@@ -116,6 +123,11 @@ REPORT_QUEUE = "control"
 # Tools that start a process and therefore need a sandbox backend; file tools act on the
 # host through runners.workspace and must keep working when no backend does.
 PROCESS_TOOLS = frozenset({"shell.exec", "code.python"})
+# What a receipt names as the sandbox of a tool that starts no process: the workspace, whose
+# openat walk is that tool's whole boundary (RUN-6). A process tool names its backend, or
+# "none" when no backend could be had (it then failed closed without running).
+WORKSPACE_SANDBOX = "workspace"
+NO_SANDBOX = "none"
 
 # The broker redelivers an unacknowledged message this long after the longest call could
 # have ended; it must exceed callstate.LEASE_SECONDS so a redelivered call finds a dead
@@ -419,12 +431,18 @@ class Runner:
             )
         except RunnerError as error:
             outcome = ("failed", None, {"code": error.code, "message": str(error)})
-            return (*outcome, backend.name if backend else None)
+            return (*outcome, self._sandbox_name(command, backend))
         except Exception:
             log.exception("tool %s crashed in call %s", command.tool, command.jti)
             error_body = {"code": "internal_error", "message": "the runner failed unexpectedly"}
-            return "failed", None, error_body, backend.name if backend else None
-        return "succeeded", result, None, backend.name if backend else None
+            return "failed", None, error_body, self._sandbox_name(command, backend)
+        return "succeeded", result, None, self._sandbox_name(command, backend)
+
+    @staticmethod
+    def _sandbox_name(command: Command, backend: SandboxBackend | None) -> str:
+        if command.tool not in PROCESS_TOOLS:
+            return WORKSPACE_SANDBOX
+        return backend.name if backend is not None else NO_SANDBOX
 
     def _limits(self, command: Command) -> ExecLimits:
         limits = dict(command.limits)
@@ -772,6 +790,25 @@ def _consume_control_messages(sender: Any = None, instance: Any = None, **_: Any
     )
 
 
+_heartbeats: threading.Event | None = None
+
+
+@worker_ready.connect
+def _start_heartbeats(sender: Any = None, **_: Any) -> None:
+    """The main process tells the control plane it is up, and with which sandbox, from now on
+    every 30 s (runners.heartbeat)."""
+    global _heartbeats
+    if getattr(sender, "app", None) is not app:
+        return  # another Celery app's worker in this process (the signal is global)
+    _heartbeats = start_heartbeats(RunnerConfig.from_environment(), send_heartbeat)
+
+
+@worker_shutdown.connect
+def _stop_heartbeats(**_: Any) -> None:
+    if _heartbeats is not None:
+        _heartbeats.set()
+
+
 @worker_process_shutdown.connect
 def _on_process_shutdown(**_: Any) -> None:
     """A worker process that stops removes its idle warm containers."""
@@ -784,6 +821,17 @@ def _on_process_shutdown(**_: Any) -> None:
 def send_report(result_token: str) -> None:
     """Send a signed report to the control plane, by task name (no shared code)."""
     app.send_task(REPORT_TASK, args=[result_token], queue=REPORT_QUEUE)
+
+
+def send_heartbeat(heartbeat_token: str) -> None:
+    """Send a signed heartbeat; one that waited past its lifetime is dropped unread."""
+    app.send_task(
+        HEARTBEAT_TASK,
+        args=[heartbeat_token],
+        queue=REPORT_QUEUE,
+        expires=HEARTBEAT_EXPIRES_SECONDS,
+        retry=False,
+    )
 
 
 @app.task(

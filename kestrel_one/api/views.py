@@ -13,21 +13,45 @@ from rest_framework.views import APIView
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.api.authentication import KestrelTokenAuthentication
 from kestrel_one.api.permissions import AllowAny, IsPrincipal
+from kestrel_one.execution.heartbeats import execution_health
 
 
 class HealthView(APIView):
-    """Liveness and database reachability; the only route anyone may call without a token."""
+    """Liveness, and whether calls can execute: the only route anyone may call without a token.
+
+    The database must answer (else this fails). ``status`` is ``degraded`` when the broker
+    does not answer, no runner is up, or no runner has a working sandbox, and ``missing``
+    names which; nothing secret, no address and no organization is in the answer.
+    """
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
     @extend_schema(
-        responses=inline_serializer("Health", {"status": serializers.CharField()}), auth=[]
+        responses=inline_serializer(
+            "Health",
+            {
+                "status": serializers.ChoiceField(["ok", "degraded"]),
+                "broker": serializers.ChoiceField(["ok", "unreachable"]),
+                "runner": serializers.ChoiceField(
+                    ["ok", "none"], help_text="whether any runner sent a heartbeat lately"
+                ),
+                "sandbox": serializers.ChoiceField(
+                    ["docker", "bubblewrap", "none"],
+                    help_text="the best sandbox backend a runner that is up reported",
+                ),
+                "missing": serializers.ListField(
+                    child=serializers.ChoiceField(["broker", "runner", "sandbox"])
+                ),
+                "message": serializers.CharField(),
+            },
+        ),
+        auth=[],
     )
     def get(self, request):
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-        return Response({"status": "ok"})
+        return Response(execution_health())
 
 
 class ConsoleSessionAuthentication(SessionAuthentication):

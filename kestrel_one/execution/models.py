@@ -25,7 +25,10 @@ class Runner(models.Model):
     enrolled_by = models.CharField(max_length=64)
     enrolled_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # When a verified heartbeat or report of this runner last arrived (runners.heartbeat).
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The sandbox backend its last heartbeat named: "docker", "bubblewrap" or "none".
+    sandbox = models.CharField(max_length=32, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.public_id} ({self.pool})"

@@ -6,6 +6,7 @@ import structlog
 from django.db import OperationalError
 
 from kestrel_one.celery import app
+from kestrel_one.execution.heartbeats import HeartbeatRefused, runner_heartbeat_record
 from kestrel_one.execution.services import ReportRefused, calls_sweep, report_ingest
 
 logger = structlog.get_logger(__name__)
@@ -34,3 +35,19 @@ def sweep() -> None:
     ended = calls_sweep()
     if any(ended.values()):
         logger.info("sweep ended silent calls", **ended)
+
+
+@app.task(
+    name="control.runner_heartbeat",
+    autoretry_for=(OperationalError,),
+    max_retries=2,
+    time_limit=30,
+)
+def runner_heartbeat(token: str) -> None:
+    """Record a runner's signed heartbeat. A refused one is logged, never retried."""
+    try:
+        runner = runner_heartbeat_record(token)
+    except HeartbeatRefused as refused:
+        logger.warning("runner heartbeat refused", code=refused.code, reason=str(refused))
+        return
+    logger.debug("runner heartbeat", runner=runner.public_id, sandbox=runner.sandbox)

@@ -11,7 +11,7 @@ from kestrel_one.audit.models import AuditRecord
 
 def test_health_needs_no_token(api, db):
     response = api.get("/api/v1/health")
-    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert response.status_code == 200 and response.json()["status"] in {"ok", "degraded"}
 
 
 def test_everything_else_needs_a_token_in_hosted_mode(api, db):

@@ -79,16 +79,46 @@ def test_runner_enroll_prints_what_the_runner_needs(tmp_path):
     assert bad.returncode != 0 and "Ed25519 public key" in bad.stderr
 
 
-def test_org_admin_lists_only_its_own_runners(world):
-    runner_enroll(
+def test_org_admin_sees_its_runners_and_the_shared_ones_serving_it(world):
+    """Its dedicated runners and the shared runners of the pool its calls go to (the
+    single-host runner is one), never another organization's, nor another pool's."""
+    shared = runner_enroll(
         actor=system_principal("tests"),
         pool="default",
         public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
     )
+    runner_enroll(  # a platform pool no call of theirs goes to
+        actor=system_principal("tests"),
+        pool="gpu",
+        public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+    )
+    globex_own = runner_enroll(
+        actor=system_principal("tests"),
+        organization=world.other_org,
+        pool="globex-pool",
+        public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+    )
     listed = world["owner"].client().get("/api/v1/orgs/acme/runners").json()["results"]
-    assert [r["id"] for r in listed] == [world.runner.public_id]
-    assert "public_key" not in listed[0] and len(listed[0]["key_fingerprint"]) == 64
-    assert world["outsider"].client().get("/api/v1/orgs/globex/runners").json()["results"] == []
+    assert {r["id"]: r["shared"] for r in listed} == {
+        world.runner.public_id: False,
+        shared.public_id: True,
+    }
+    assert all("public_key" not in r and len(r["key_fingerprint"]) == 64 for r in listed)
+    theirs = world["outsider"].client().get("/api/v1/orgs/globex/runners").json()["results"]
+    assert {r["id"] for r in theirs} == {globex_own.public_id, shared.public_id}
+    assert world.runner.public_id not in {r["id"] for r in theirs}
+
+
+def test_a_shared_runner_is_revoked_by_the_operator_only(world):
+    shared = runner_enroll(
+        actor=system_principal("tests"),
+        pool="default",
+        public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+    )
+    response = world["owner"].client().delete(f"/api/v1/orgs/acme/runners/{shared.public_id}")
+    assert response.status_code == 403
+    assert "operator" in response.json()["error"]["message"]
+    assert Runner.objects.get(pk=shared.pk).revoked_at is None
 
 
 def test_revoking_a_runner_is_audited_and_final(world):

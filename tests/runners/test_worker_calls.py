@@ -310,7 +310,9 @@ def test_valid_command_runs_once_and_reports_its_result(
     assert finished.attempt == 1
     assert finished.runner_id == RUNNER_ID
     assert finished.result["size"] == 3
-    assert finished.sandbox is None  # file tools run on the host, inside the workspace
+    # File tools start no process: the workspace's openat walk is their boundary, and the
+    # receipt names it.
+    assert finished.sandbox == "workspace"
     assert finished.started_at is not None and finished.finished_at is not None
 
 
@@ -685,6 +687,7 @@ def test_no_sandbox_fails_the_call_closed(runner, recorder, runner_key):
     final = _finished(recorder, runner_key)
     assert final.outcome == "failed"
     assert final.error["code"] == "sandbox_unavailable"
+    assert final.sandbox == "none"
 
 
 def test_backend_that_fails_after_its_probe_is_not_retried(runner, recorder, runner_key):

@@ -28,12 +28,14 @@ from celery import Celery
 from kombu import Connection
 
 from runners.protocol import (
+    Heartbeat,
     RunnerReport,
     generate_private_key_pem,
     public_key_pem,
     sign_command,
     token_digest,
     unverified_call_id,
+    verify_heartbeat,
     verify_result,
 )
 from runners.sandbox.docker import LABEL_PREFIX
@@ -101,6 +103,7 @@ class FakeControl:
         self.connection = Connection(RUNNER_REDIS_URL)
         self.inbox = self.connection.SimpleQueue("control")
         self.reports: list[RunnerReport] = []
+        self.heartbeats: list[Heartbeat] = []
 
     def close(self) -> None:
         self.inbox.close()
@@ -144,8 +147,15 @@ class FakeControl:
             except self.inbox.Empty:
                 return
             message.ack()
-            assert message.headers["task"] == "control.ingest_result"
             (token,), _kwargs, _embed = message.payload
+            if message.headers["task"] == "control.runner_heartbeat":
+                self.heartbeats.append(
+                    verify_heartbeat(
+                        token, runner_public_key=self.runner_public, runner_id=self.runner_id
+                    )
+                )
+                continue
+            assert message.headers["task"] == "control.ingest_result"
             self.reports.append(
                 verify_result(token, runner_public_key=self.runner_public, runner_id=self.runner_id)
             )
@@ -261,7 +271,12 @@ def test_round_trip_write_read_exec_through_docker(runner_setup, workspace_root)
         assert report.command_digest == token_digest(token)
         assert report.runner_id == runner.env["KESTREL_RUNNER_ID"]
         assert report.attempt == 1
+    assert written.sandbox == "workspace"  # a file tool's boundary is the workspace walk
     assert (workspace_root / PROJECT / "notes" / "hello.txt").read_text() == "hello, kestrel"
+    # The worker said it was up, signed, with the backend its probe passed.
+    assert control.heartbeats, "no heartbeat arrived"
+    assert {beat.sandbox for beat in control.heartbeats} == {"docker"}
+    assert {beat.pool for beat in control.heartbeats} == {control.pool}
 
 
 def test_tampered_commands_sent_to_the_worker_do_nothing(runner_setup, workspace_root):
