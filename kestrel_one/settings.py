@@ -19,6 +19,8 @@ import structlog
 from django.core.exceptions import ImproperlyConfigured
 
 from kestrel_one.common.redaction import redact_log_event
+from kestrel_one.common.runtime import runtime_paths
+from runners.brokerurl import kombu_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -94,6 +96,7 @@ if HOSTED:
         )
     }
     REDIS_URL = _hosted["REDIS_URL"]
+    KESTREL_EMBEDDED_BROKER = False
     ALLOWED_HOSTS = [h.strip() for h in _hosted["KESTREL_ALLOWED_HOSTS"].split(",") if h.strip()]
 else:
     SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _single_host_secret_key()
@@ -107,6 +110,11 @@ else:
         )
     }
     REDIS_URL = env_str("REDIS_URL")
+    # Without REDIS_URL the broker is embedded: a redis-server that `serve` runs on a Unix
+    # socket in the data folder, and no TCP port (kestrel_one/execution/embedded_broker.py).
+    KESTREL_EMBEDDED_BROKER = REDIS_URL is None
+    if KESTREL_EMBEDDED_BROKER:
+        REDIS_URL = runtime_paths(KESTREL_DATA_DIR).broker_url
     ALLOWED_HOSTS = [
         "127.0.0.1",
         "localhost",
@@ -370,9 +378,11 @@ KESTREL_IDEMPOTENCY_TTL_SECONDS = max(
 # The longest a request may long-poll with ?wait=SECONDS.
 KESTREL_MAX_WAIT_SECONDS = env_int("KESTREL_MAX_WAIT_SECONDS", 60)
 
-# Execution needs a broker (Redis). Without one, requests that would run something are
-# refused with a clear error rather than queued where nothing will ever take them.
-CELERY_BROKER_URL = REDIS_URL
+# Execution needs a broker (Redis). When it does not answer, requests that would run
+# something are refused with a clear error rather than queued where nothing will ever take
+# them (kestrel_one/common/broker.py). REDIS_URL is redis-py's spelling; Celery's (kombu's)
+# differs for a Unix socket (runners/brokerurl.py).
+CELERY_BROKER_URL = kombu_url(REDIS_URL) if REDIS_URL else None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -14,6 +14,7 @@ import sys
 from django.conf import settings
 
 from kestrel_one.accounts.principal import system_principal
+from kestrel_one.common.runtime import die_with_parent, runtime_paths
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
@@ -58,8 +59,13 @@ def local_runner_environment() -> dict[str, str]:
     control_key.write_text(control_public_key_pem())
     workspaces = settings.KESTREL_DATA_DIR / "workspaces"
     workspaces.mkdir(parents=True, exist_ok=True)
+    tuning = {name: os.environ[name] for name in _BASE_ENV + _RUNNER_TUNING if name in os.environ}
+    # Warm sandboxes' host-side directories under the data folder too, unless set explicitly.
+    tuning.setdefault(
+        "KESTREL_WARM_AGENT_DIR", str(runtime_paths(settings.KESTREL_DATA_DIR).warm_agent_dir)
+    )
     return {
-        **{name: os.environ[name] for name in _BASE_ENV + _RUNNER_TUNING if name in os.environ},
+        **tuning,
         "KESTREL_RUNNER_ID": runner.public_id,
         "KESTREL_RUNNER_POOL": runner.pool,
         "KESTREL_RUNNER_KEY_FILE": str(key_file),
@@ -96,15 +102,19 @@ def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = Non
 
 
 def start_local_workers(stdout) -> list[subprocess.Popen]:
-    schedule = str(settings.KESTREL_DATA_DIR / "celerybeat-schedule")
+    """Start the control worker (with the scheduler) and the local runner, as children that
+    end when ``serve`` ends, however it ends."""
+    schedule = str(runtime_paths(settings.KESTREL_DATA_DIR).beat_schedule)
     slots = str(settings.KESTREL_LOCAL_CONCURRENCY)
     control = subprocess.Popen(
         control_worker_argv(concurrency=settings.KESTREL_LOCAL_CONCURRENCY, beat_schedule=schedule),
         env=os.environ.copy(),
+        preexec_fn=die_with_parent,  # serve starts no thread before its workers
     )
     runner = subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", slots],
         env=local_runner_environment(),
+        preexec_fn=die_with_parent,
     )
     stdout.write(f"Control worker and runner started (pool {settings.KESTREL_DEFAULT_POOL}).")
     return [control, runner]

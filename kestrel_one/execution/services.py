@@ -19,6 +19,7 @@ from django.utils import timezone
 from kestrel_one.accounts.principal import runner_principal, system_principal
 from kestrel_one.artifacts.services import artifacts_capture
 from kestrel_one.audit.services import audit_record, audit_refusal_record
+from kestrel_one.common.broker import broker_status, broker_unavailable_message
 from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.keys import control_private_key
@@ -117,11 +118,6 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     """
     if thread.status != Thread.Status.OPEN:
         raise ThreadEnded(THREAD_ENDED_MESSAGE)
-    if not settings.CELERY_BROKER_URL:
-        raise Unavailable(
-            "Execution is off: no broker is configured. Set REDIS_URL (for example "
-            "redis://127.0.0.1:6379/0) and restart the service."
-        )
     project = thread.project
     tool_spec, canonical, policy_request = tool_call_request(tool, args)
     args_digest = digest(canonical)
@@ -140,6 +136,12 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     decision = decide_call(
         effective.policy, policy_request, canonical, version=effective.version, mode=mode
     )
+    if decision.outcome == ALLOW:
+        # Only a call that would run now needs the broker. A denial, or a call that waits for
+        # a person, is decided and recorded as usual with no broker: the approval dispatches.
+        broker = broker_status()
+        if not broker.reachable:
+            raise Unavailable(broker_unavailable_message(broker))
     scope = {
         "org": project.organization.public_id,
         "env": project.environment.public_id,
@@ -275,20 +277,42 @@ def _command_send(action: Action, token: str) -> bool:
     """Hand a signed command to the broker, then mark the action dispatched."""
     from kestrel_one.celery import app
 
+    if not broker_status().reachable:
+        # Not even tried: a send to a broker that does not answer can block for seconds.
+        logger.warning("the broker does not answer; %s waits for the sweep", action.public_id)
+        _dispatch_pending(action)
+        return False
     try:
         app.send_task("runner.execute", args=[token], queue=f"runner.{action.pool}")
     except Exception:
         logger.exception("dispatch of %s failed; the sweep will send it again", action.public_id)
+        _dispatch_pending(action)
         return False
     now = timezone.now()
     Action.objects.filter(pk=action.pk, state=ActionState.QUEUED).update(
         dispatched_at=now,
+        error=None,  # clears a dispatch_pending from an earlier send that failed
         deadline_at=now
         + timedelta(
             seconds=settings.KESTREL_COMMAND_TTL_SECONDS + settings.KESTREL_CALL_GRACE_SECONDS
         ),
     )
     return True
+
+
+DISPATCH_PENDING = (
+    "dispatch_pending",
+    "The broker did not take this call's command yet; it is sent again when the broker "
+    "answers, and this error clears then.",
+)
+
+
+def _dispatch_pending(action: Action) -> None:
+    """Say on the queued action that its command has not reached the broker (API: ``error``)."""
+    code, message = DISPATCH_PENDING
+    Action.objects.filter(
+        pk=action.pk, state=ActionState.QUEUED, dispatched_at__isnull=True
+    ).update(error={"code": code, "message": message})
 
 
 class ReportRefused(Exception):

@@ -19,6 +19,9 @@ import structlog
 from django.conf import settings
 from django.db import transaction
 
+from kestrel_one.common.broker import broker_status
+from runners.brokerurl import redis_client_url
+
 logger = structlog.get_logger(__name__)
 
 # Without a notice (lost, or no Redis), a waiting request still re-reads this often.
@@ -33,7 +36,10 @@ def _channel(action_public_id: str) -> str:
 @lru_cache(maxsize=1)
 def _client() -> redis.Redis | None:
     url = settings.REDIS_URL
-    return redis.Redis.from_url(url, socket_timeout=5) if url else None
+    if not url:
+        return None
+    # A broker that does not answer costs a waiting request a second, not the whole wait.
+    return redis.Redis.from_url(redis_client_url(url), socket_timeout=5, socket_connect_timeout=1)
 
 
 def action_changed(action_public_id: str) -> None:
@@ -58,7 +64,7 @@ def action_watch(action_public_id: str) -> Iterator[Callable[[float], bool]]:
     notice, or False after ``seconds`` (at most the fallback interval) without one."""
     client = _client()
     pubsub = None
-    if client is not None:
+    if client is not None and broker_status().reachable:
         try:
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             pubsub.subscribe(_channel(action_public_id))

@@ -23,6 +23,7 @@ from standardwebhooks import Webhook
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.audit.services import audit_record
+from kestrel_one.common.broker import broker_status
 from kestrel_one.common.errors import Conflict, ValidationFailed
 from kestrel_one.common.redaction import bounded
 from kestrel_one.webhooks import net
@@ -313,8 +314,9 @@ def webhook_emit_policy_published(*, owner, version, previous) -> WebhookMessage
 def deliveries_enqueue(*, delivery_ids: list[int], countdown: float = 0) -> None:
     """Hand deliveries to the control workers. A lost send loses nothing: the rows stay due
     and the sweep queues them again."""
-    if not settings.CELERY_BROKER_URL:
-        logger.warning("no broker configured; %d webhook deliveries wait", len(delivery_ids))
+    if not broker_status().reachable:
+        # Not even tried: a send to a broker that does not answer can block for seconds.
+        logger.warning("the broker does not answer; %d webhook deliveries wait", len(delivery_ids))
         return
     from kestrel_one.webhooks.tasks import deliver
 

@@ -1,0 +1,177 @@
+"""Where a running single-host service keeps its runtime files, and the lock that makes a
+data folder one service's.
+
+Everything ``serve`` writes while it runs lives under ``KESTREL_DATA_DIR``, so two services
+with different data folders (and ports) on one host never share a file, a socket or a broker:
+
+- ``serve.lock``: held (``flock``) by the running ``serve``; a second ``serve`` on the same
+  folder refuses to start and says which process holds it.
+- ``run/`` (mode 0700): the embedded broker's socket ``redis.sock`` and its pid file, the web
+  server's control socket ``gunicorn.ctl`` and worker heartbeat files, and the warm
+  sandboxes' host-side directories ``warm/``.
+- ``broker/`` (mode 0700): the embedded broker's append-only file and log.
+- ``celerybeat-schedule``: the scheduler's state.
+
+A Unix socket's path may be at most 107 bytes. When the data folder's path is too long for
+the longest socket under ``run/``, ``run/`` moves to ``kestrel-<uid>-<hash of the data
+folder>`` in the system's temporary directory (mode 0700, owned by this user, refused
+otherwise): still one per data folder, only shorter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import hashlib
+import os
+import signal
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DataFolderInUse",
+    "RuntimeDirectoryError",
+    "RuntimePaths",
+    "ServeLock",
+    "die_with_parent",
+    "ensure_private_directory",
+    "runtime_paths",
+]
+
+# sun_path holds 108 bytes with the terminating NUL.
+SOCKET_PATH_MAX = 107
+# The longest socket path below run/: a warm sandbox's agent socket
+# (run/warm/warm-<24 hex>/socket/agent.sock, see runners.sandbox.warm).
+_LONGEST_SOCKET_TAIL = len("/warm/warm-" + "0" * 24 + "/socket/agent.sock")
+
+
+class RuntimeDirectoryError(Exception):
+    """A runtime directory exists but is not private to this user; the message says why."""
+
+
+class DataFolderInUse(Exception):
+    """Another ``serve`` holds this data folder."""
+
+
+@dataclass(frozen=True)
+class RuntimePaths:
+    """The runtime files of the service whose data folder is ``data_dir``."""
+
+    data_dir: Path
+    run_dir: Path
+
+    @property
+    def lock_file(self) -> Path:
+        return self.data_dir / "serve.lock"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+    @property
+    def broker_socket(self) -> Path:
+        return self.run_dir / "redis.sock"
+
+    @property
+    def broker_pid_file(self) -> Path:
+        return self.run_dir / "redis.pid"
+
+    @property
+    def broker_url(self) -> str:
+        """The embedded broker's address as redis-py reads it (runners.brokerurl)."""
+        return f"unix://{self.broker_socket}?db=0"
+
+    @property
+    def web_control_socket(self) -> Path:
+        return self.run_dir / "gunicorn.ctl"
+
+    @property
+    def web_worker_tmp_dir(self) -> Path:
+        return self.run_dir / "web"
+
+    @property
+    def warm_agent_dir(self) -> Path:
+        return self.run_dir / "warm"
+
+    @property
+    def beat_schedule(self) -> Path:
+        return self.data_dir / "celerybeat-schedule"
+
+
+def runtime_paths(data_dir: Path) -> RuntimePaths:
+    """The runtime paths for ``data_dir`` (nothing is created)."""
+    data_dir = Path(data_dir)
+    run_dir = data_dir / "run"
+    if len(os.fsencode(run_dir)) + _LONGEST_SOCKET_TAIL > SOCKET_PATH_MAX:
+        tag = hashlib.sha256(os.fsencode(data_dir.resolve())).hexdigest()[:16]
+        run_dir = Path(tempfile.gettempdir()) / f"kestrel-{os.geteuid()}-{tag}"
+    return RuntimePaths(data_dir=data_dir, run_dir=run_dir)
+
+
+def ensure_private_directory(path: Path) -> Path:
+    """Make ``path`` (mode 0700) or check that it is a directory only this user can enter."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise RuntimeDirectoryError(
+            f"{path} must be a directory owned by this user; remove it or set KESTREL_DATA_DIR "
+            "to another folder"
+        )
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+class ServeLock:
+    """An exclusive ``flock`` on the data folder's ``serve.lock``, held while ``serve`` runs.
+
+    The kernel drops it when the process ends however it ends, so a crashed ``serve`` never
+    leaves a folder locked.
+    """
+
+    def __init__(self, paths: RuntimePaths) -> None:
+        self.path = paths.lock_file
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            if error.errno in (errno.EAGAIN, errno.EACCES):
+                raise DataFolderInUse(
+                    f"Another `serve` (pid {holder}) is running on the data folder "
+                    f"{self.path.parent}. Stop it first, or give this one its own folder "
+                    "with KESTREL_DATA_DIR (and its own --port)."
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """For ``Popen(preexec_fn=...)``: the child gets SIGTERM when ``serve`` dies, however it
+    dies (Linux ``PR_SET_PDEATHSIG``), so no broker or worker outlives a crashed ``serve``."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
