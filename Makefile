@@ -3,21 +3,32 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+DEPS := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+# What the service needs, and on top of it what the tests and linters need.
+RUN_STAMP := $(VENV)/.installed-run-$(DEPS)
+STAMP := $(VENV)/.installed-test-$(DEPS)
 
-.PHONY: run test install lint check-migrations docker-ready sandboxes images bench clean
+.PHONY: run test install install-run lint check-migrations docker-ready sandboxes images bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e .
+	rm -f $(VENV)/.installed-run-* && touch $@
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
-	rm -f $(VENV)/.installed-* && touch $@
+	rm -f $(VENV)/.installed-test-* && touch $@
+
+install-run: $(RUN_STAMP)
 
 install: $(STAMP)
 
-## The single-host service on 127.0.0.1:8000 (PORT to change): SQLite under ./var,
-## sandbox backend auto-detected. Prints how to sign in on the first run.
-run: install
+## The single-host service on 127.0.0.1:8000 (PORT to change): SQLite under ./var, its own
+## broker (redis-server on a socket in ./var), and a sandbox (Docker with the tool image,
+## else bubblewrap), set up when missing and possible. Prints how to sign in on the first run.
+run: install-run
+	@bash deploy/scripts/ensure-single-host.sh
 	KESTREL_MODE=$${KESTREL_MODE:-single-host} $(BIN)/python manage.py serve --port $${PORT:-8000}
 
 lint: install

@@ -29,8 +29,8 @@ def single_host_environment(data_dir: Path, **extra: str) -> dict[str, str]:
         KESTREL_MODE="single-host",
         KESTREL_DATA_DIR=str(data_dir),
         DJANGO_SETTINGS_MODULE="kestrel_one.settings",
-        **extra,
     )
+    env.update(extra)
     return env
 
 
@@ -72,6 +72,15 @@ class Serve:
             return requests.get(f"{self.base}/health", timeout=10).json()
         except requests.RequestException:
             return None
+
+    def wait_until_answering(self) -> dict:
+        """Until the web server answers health at all (attempts, not a clock)."""
+        for _ in range(600):
+            assert self.process.poll() is None, f"serve exited:\n{self.output[-4000:]}"
+            if (health := self.health()) is not None:
+                return health
+            time.sleep(0.2)
+        raise AssertionError(f"serve never answered:\n{self.output[-4000:]}")
 
     def wait_until_calls_can_run(self) -> dict:
         """Until health says ok: the broker answers and the runner's heartbeat arrived.
