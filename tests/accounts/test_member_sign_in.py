@@ -496,3 +496,12 @@ def test_sign_in_pages_have_csrf_and_no_inline_script_or_style_attributes(world,
         for form in re.findall(r"<form\b.*?</form>", html, flags=re.S):
             assert 'name="csrfmiddlewaretoken"' in form
     assert "<form" in form_page.content.decode()
+
+
+def test_choosing_a_password_without_the_csrf_token_is_refused(world):
+    link = add_member(world["owner"].client(), "csrf@example.com").json()["sign_in_link"]
+    browser = Client(enforce_csrf_checks=True)
+    form_page = browser.get(link_path(link))["Location"]
+    forged = browser.post(form_page, {"new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD})
+    assert forged.status_code == 403
+    assert not User.objects.get(email="csrf@example.com").has_usable_password()
