@@ -102,3 +102,7 @@ def test_the_api_walkthrough_runs_as_written(server):
     assert command["result"]["exit_code"] == 0 and command["result"]["stdout"] == "print(1)\n"
     step = next(d for d in documents if d.get("plan_step") and d.get("state"))
     assert step["state"] == "succeeded" and step["mode"] == "agent", step
+    member = next(d for d in documents if "sign_in_link" in d)
+    assert f"127.0.0.1:{port}/login/set-password/" in member["sign_in_link"], member
+    token = next(d for d in documents if str(d.get("token", "")).startswith("kst_"))
+    assert token["scopes"] == ["org:read", "projects:read"]
