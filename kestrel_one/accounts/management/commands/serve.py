@@ -87,8 +87,18 @@ class Command(BaseCommand):
                 if lock is not None:
                     lock.acquire()
                 ensure_private_directory(paths.run_dir)
+                ensure_private_directory(paths.web_worker_tmp_dir)
             except (DataFolderInUse, RuntimeDirectoryError) as error:
                 raise CommandError(str(error)) from None
+            except OSError as error:
+                if settings.SINGLE_HOST:
+                    raise CommandError(
+                        f"Cannot use the data folder {paths.data_dir}: {error}. Set "
+                        "KESTREL_DATA_DIR to a folder this user can write."
+                    ) from None
+                # A hosted web host may have no writable data folder; gunicorn then runs
+                # without its control socket.
+                paths = None
             if settings.SINGLE_HOST:
                 call_command("migrate", interactive=False, verbosity=0)
                 self._first_run_owner(host, port)
@@ -170,13 +180,11 @@ class Command(BaseCommand):
         )
 
     def _run_web(
-        self, host: str, port: int, workers: int, threads: int, paths: RuntimePaths
+        self, host: str, port: int, workers: int, threads: int, paths: RuntimePaths | None
     ) -> None:
         from gunicorn.app.base import BaseApplication
 
         from kestrel_one.wsgi import application
-
-        web_tmp = paths.web_worker_tmp_dir
 
         class WebServer(BaseApplication):
             def load_config(self):
@@ -192,9 +200,12 @@ class Command(BaseCommand):
                 self.cfg.set("timeout", 120)
                 # Its control socket and its workers' heartbeat files go under the data
                 # folder, so two services with different folders never take each other's.
-                self.cfg.set("control_socket", str(paths.web_control_socket))
-                self.cfg.set("control_socket_mode", 0o600)
-                self.cfg.set("worker_tmp_dir", str(ensure_private_directory(web_tmp)))
+                if paths is None:
+                    self.cfg.set("control_socket_disable", True)
+                else:
+                    self.cfg.set("control_socket", str(paths.web_control_socket))
+                    self.cfg.set("control_socket_mode", 0o600)
+                    self.cfg.set("worker_tmp_dir", str(paths.web_worker_tmp_dir))
                 # Never trust X-Forwarded-For for the source address: loopback rules use
                 # the socket's peer only.
                 self.cfg.set("forwarded_allow_ips", "")
