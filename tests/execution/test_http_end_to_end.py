@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BROKER = os.environ.get("TEST_E2E_REDIS_URL", "redis://127.0.0.1:6379/10")  # flushed
 pytestmark = pytest.mark.docker
 
+OWNER = "owner@localhost"  # the owner serve makes on its first start
 POLICY = {
     "capabilities": {
         "fs.read": {"paths": ["**"]},
@@ -53,33 +54,35 @@ def server(tmp_path, docker_backend):
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        assert process.poll() is None, (tmp_path / "serve.log").read_text()
-        try:
-            requests.get(f"{base}/api/v1/health", timeout=10)
-            break
-        except requests.RequestException:
-            time.sleep(0.2)
-    token = re.search(r"Agent token: (kst_\S+)", (tmp_path / "serve.log").read_text()).group(1)
-    # The person: the owner, with a token of their own that a command on the server prints.
-    person = subprocess.run(
-        [sys.executable, "manage.py", "bootstrap", "--org", "local", "--email", "owner@localhost"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    yield {
-        "base": base,
-        "token": token,
-        "person": json.loads(person.stdout)["token"],
-        "log": tmp_path / "serve.log",
-    }
-    stop(process, timeout=60)
-    log.close()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                requests.get(f"{base}/api/v1/health", timeout=10)
+                break
+            except requests.RequestException:
+                time.sleep(0.2)
+        token = re.search(r"Agent token: (kst_\S+)", (tmp_path / "serve.log").read_text()).group(1)
+        # The person: the owner, with a token of their own that a command on the server prints.
+        person = subprocess.run(
+            [sys.executable, "manage.py", "bootstrap", "--org", "local", "--email", OWNER],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        yield {
+            "base": base,
+            "token": token,
+            "person": json.loads(person.stdout)["token"],
+            "log": tmp_path / "serve.log",
+        }
+    finally:
+        stop(process, timeout=60)
+        log.close()
 
 
 def call(server, method: str, path: str, token: str, body=None, expect: int = 200):
