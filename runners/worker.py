@@ -824,14 +824,20 @@ def send_report(result_token: str) -> None:
 
 
 def send_heartbeat(heartbeat_token: str) -> None:
-    """Send a signed heartbeat; one that waited past its lifetime is dropped unread."""
-    app.send_task(
-        HEARTBEAT_TASK,
-        args=[heartbeat_token],
-        queue=REPORT_QUEUE,
-        expires=HEARTBEAT_EXPIRES_SECONDS,
-        retry=False,
-    )
+    """Send a signed heartbeat; one that waited past its lifetime is dropped unread.
+
+    On a connection of its own, opened for this one message: the heartbeat thread then
+    shares no connection or pool with the worker's own loop in the main process.
+    """
+    with app.connection_for_write() as connection:
+        app.send_task(
+            HEARTBEAT_TASK,
+            args=[heartbeat_token],
+            queue=REPORT_QUEUE,
+            expires=HEARTBEAT_EXPIRES_SECONDS,
+            retry=False,
+            connection=connection,
+        )
 
 
 @app.task(
