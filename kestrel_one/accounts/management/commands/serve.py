@@ -8,6 +8,7 @@ import signal
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from kestrel_one.api.authentication import is_loopback
 from kestrel_one.common.broker import broker_status
@@ -167,16 +168,21 @@ class Command(BaseCommand):
     def _first_run_owner(self, host: str, port: int) -> None:
         if Organization.objects.exists():
             return
-        from kestrel_one.accounts.bootstrap import bootstrap
+        from kestrel_one.accounts.bootstrap import agent_token_create, bootstrap
 
-        created = bootstrap(org_slug=LOCAL_ORG, email=LOCAL_OWNER, set_password=True)
+        with transaction.atomic():
+            created = bootstrap(org_slug=LOCAL_ORG, email=LOCAL_OWNER, owner_token=False)
+            agent_token = agent_token_create(org_slug=LOCAL_ORG)
         address = f"http://{'127.0.0.1' if host in {'0.0.0.0', '::'} else host}:{port}"  # noqa: S104
-        # Printed once, to the operator's terminal only; nothing stores the plaintext.
+        # Printed once, to the operator's terminal only; nothing stores the plaintext. The
+        # person signs in with the password; agents get the agent token, which can never
+        # approve, accept a plan, publish a policy or make tokens.
         self.stdout.write(
             "\nKestrel One is set up for the first time. Keep these; they are not shown again.\n"
-            f"  Sign in:   {address}/login  as {created['user']}  password {created['password']}\n"
-            f"  API token: {created['token']}\n"
-            f"  Try:       curl -H 'Authorization: Bearer <token>' {address}/api/v1/orgs\n"
+            f"  Sign in:     {address}/login  as {created['user']}  "
+            f"password {created.get('password', '(unchanged)')}\n"
+            f"  Agent token: {agent_token}  (reads and requests actions; never approves)\n"
+            f"  Try:         curl -H 'Authorization: Bearer {agent_token}' {address}/api/v1/orgs\n"
         )
 
     def _run_web(
