@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 
@@ -153,7 +154,14 @@ class Command(BaseCommand):
         workspaces = settings.KESTREL_DATA_DIR / "workspaces"
         workspaces.mkdir(parents=True, exist_ok=True)
         watch = SandboxWatch(os.environ.get("KESTREL_SANDBOX", "auto"), workspaces)
-        name = watch.current()
+        # The line below says it; the watch's own log lines are for a runner's log.
+        runner_log = logging.getLogger("kestrel.runner")
+        level = runner_log.level
+        runner_log.setLevel(logging.CRITICAL)
+        try:
+            name = watch.current()
+        finally:
+            runner_log.setLevel(level)
         if isinstance(watch.backend, DockerBackend):
             watch.backend.client.close()
             self.stdout.write(f"Sandbox: docker ({DEFAULT_TOOL_IMAGE})")
