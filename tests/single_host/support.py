@@ -42,12 +42,13 @@ def short_data_dir() -> Path:
 class Serve:
     """``manage.py serve`` on a free port; its output goes to a file in the data folder."""
 
-    def __init__(self, data_dir: Path, **extra_env: str) -> None:
+    def __init__(self, data_dir: Path, *, log_dir: Path, **extra_env: str) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.env = single_host_environment(data_dir, **extra_env)
         self.base = f"http://127.0.0.1:{self.port}/api/v1"
-        self.log_path = data_dir.parent / f"{data_dir.name}-serve.log"
+        # In the test's own tmp_path (pytest keeps the last few), not beside the data folder.
+        self.log_path = log_dir / f"serve-{self.port}.log"
         self.process: subprocess.Popen | None = None
         self.token: str | None = None
 

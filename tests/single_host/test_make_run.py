@@ -53,8 +53,8 @@ def run(server: Serve, actions: str, tool: str, args: dict) -> tuple[dict, dict]
 
 
 @pytest.mark.spec("LOCAL-1")
-def test_make_run_alone_runs_governed_calls_on_a_private_broker(data_dir):
-    server = Serve(data_dir).start()
+def test_make_run_alone_runs_governed_calls_on_a_private_broker(data_dir, tmp_path):
+    server = Serve(data_dir, log_dir=tmp_path).start()
     try:
         health = server.wait_until_calls_can_run()
         assert health["broker"] == "ok" and health["runner"] == "ok"

@@ -64,9 +64,11 @@ def data_dir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_single_host_with_a_broker_nobody_answers_is_degraded_and_refuses_at_once(data_dir):
+def test_single_host_with_a_broker_nobody_answers_is_degraded_and_refuses_at_once(
+    data_dir, tmp_path
+):
     nobody = free_port()
-    server = Serve(data_dir, REDIS_URL=f"redis://127.0.0.1:{nobody}/0").start()
+    server = Serve(data_dir, log_dir=tmp_path, REDIS_URL=f"redis://127.0.0.1:{nobody}/0").start()
     try:
         health = server.wait_until_answering()
         assert health["status"] == "degraded" and "broker" in health["missing"]
@@ -105,8 +107,8 @@ def test_two_services_with_their_own_data_folders_do_not_disturb_each_other(tmp_
     second_dir = tmp_path / ("a-data-folder-with-a-rather-long-name-" * 2).rstrip("-")
     second_dir.mkdir()
     # The first is killed below: no warm container of its may outlive its runner.
-    first = Serve(first_dir, KESTREL_WARM_SANDBOXES="0").start()
-    second = Serve(second_dir).start()
+    first = Serve(first_dir, log_dir=tmp_path, KESTREL_WARM_SANDBOXES="0").start()
+    second = Serve(second_dir, log_dir=tmp_path).start()
     try:
         for server in (first, second):
             server.wait_until_calls_can_run()
