@@ -19,7 +19,7 @@ import structlog
 from django.core.exceptions import ImproperlyConfigured
 
 from kestrel_one.common.redaction import redact_log_event
-from kestrel_one.common.runtime import runtime_paths
+from kestrel_one.local.runtime import runtime_paths
 from runners.brokerurl import kombu_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ else:
     }
     REDIS_URL = env_str("REDIS_URL")
     # Without REDIS_URL the broker is embedded: a redis-server that `serve` runs on a Unix
-    # socket in the data folder, and no TCP port (kestrel_one/execution/embedded_broker.py).
+    # socket in the data folder, and no TCP port (kestrel_one/local/broker.py).
     KESTREL_EMBEDDED_BROKER = REDIS_URL is None
     if KESTREL_EMBEDDED_BROKER:
         REDIS_URL = runtime_paths(KESTREL_DATA_DIR).broker_url
@@ -146,6 +146,7 @@ INSTALLED_APPS = [
     "kestrel_one.webhooks",
     "kestrel_one.artifacts",
     "kestrel_one.api",
+    "kestrel_one.local",
 ]
 
 MIDDLEWARE = [

@@ -17,8 +17,7 @@ from kestrel_one.artifacts.api import (
     ThreadShareViewSet,
 )
 from kestrel_one.audit.api import AuditRecordViewSet
-from kestrel_one.execution.api import RunnerViewSet
-from kestrel_one.execution.http import (
+from kestrel_one.execution.api import (
     ActionDecisionViewSet,
     ActionViewSet,
     PlanAcceptViewSet,
@@ -26,6 +25,7 @@ from kestrel_one.execution.http import (
     ReceiptViewSet,
     VerificationViewSet,
 )
+from kestrel_one.execution.runners_api import RunnerViewSet
 from kestrel_one.governance.api import (
     EffectivePolicyViewSet,
     EnvironmentPolicyViewSet,

@@ -1,81 +1,445 @@
-"""HTTP endpoints for an organization's dedicated runners (admins only)."""
+"""HTTP endpoints for actions, approvals, receipts, verifications and plans."""
 
 from __future__ import annotations
 
-import hashlib
+import json
+import math
+import re
+import time
 
 from django.conf import settings
-from django.db.models import Q
-from rest_framework import mixins, serializers
+from django.db import IntegrityError, transaction
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
 
-from kestrel_one.api.base import OrgScopedViewSet
-from kestrel_one.common.errors import PermissionDenied
-from kestrel_one.execution.enrollment import runner_revoke
-from kestrel_one.execution.models import Runner
+from kestrel_one.api.base import ProjectScopedViewSet
+from kestrel_one.api.serializers import StrictSerializer
+from kestrel_one.common.errors import Conflict, ValidationFailed
+from kestrel_one.execution.approvals import approval_decide, verification_record
+from kestrel_one.execution.models import (
+    TERMINAL_STATES,
+    Action,
+    ActionState,
+    Approval,
+    IdempotencyKey,
+    Plan,
+    Receipt,
+    Verification,
+)
+from kestrel_one.execution.plans import plan_accept, plan_propose
+from kestrel_one.execution.services import action_request
+from kestrel_one.threads.notify import action_watch
+from runners.protocol import digest
+
+IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+# States that will not change without a person: a long poll stops at them too.
+SETTLED = TERMINAL_STATES | {ActionState.AWAITING_APPROVAL}
+WAIT_PARAMETER = OpenApiParameter(
+    "wait", int, description="long-poll up to this many seconds for the action to settle"
+)
 
 
-class RunnerSerializer(serializers.ModelSerializer):
+class ActionSerializer(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id", read_only=True)
-    key_fingerprint = serializers.SerializerMethodField(
-        help_text="SHA-256 of the runner's public key (PEM)."
+    thread = serializers.CharField(source="thread.public_id", read_only=True)
+    receipt = serializers.SerializerMethodField()
+    approval = serializers.SerializerMethodField()
+    plan_step = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Action
+        fields = [
+            "id",
+            "thread",
+            "tool",
+            "args",
+            "args_digest",
+            "action_digest",
+            "mode",
+            "state",
+            "decision",
+            "policy_version",
+            "limits",
+            "requested_by",
+            "flags",
+            "plan_step",
+            "approval",
+            "result",
+            "error",
+            "receipt",
+            "created_at",
+            "dispatched_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_receipt(self, action) -> str | None:
+        try:
+            return action.receipt.public_id
+        except Receipt.DoesNotExist:
+            return None
+
+    def get_approval(self, action) -> dict | None:
+        try:
+            approval = action.approval
+        except Approval.DoesNotExist:
+            return None
+        return {
+            "id": approval.public_id,
+            "decision": approval.decision,
+            "by": approval.decided_by.public_id,
+            "at": approval.created_at,
+        }
+
+    def get_plan_step(self, action) -> dict | None:
+        if action.plan_id is None:
+            return None
+        return {"plan": action.plan.public_id, "step": action.plan_step}
+
+
+class PlanStepSerializer(StrictSerializer):
+    plan = serializers.CharField(max_length=40)
+    step = serializers.IntegerField(min_value=0)
+
+
+class ActionCreateSerializer(StrictSerializer):
+    tool = serializers.CharField(max_length=100)
+    args = serializers.JSONField()
+    plan_step = PlanStepSerializer(required=False)
+
+
+def wait_seconds(request) -> float:
+    raw = request.query_params.get("wait")
+    if raw is None:
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    # NaN compares false with everything, so it would pass every bound below and turn the
+    # long poll into a loop that never times out.
+    if math.isnan(seconds):
+        raise ValidationFailed("wait must be a number of seconds.", details={"wait": ["invalid"]})
+    if seconds < 0:
+        raise ValidationFailed("wait must not be negative.", details={"wait": ["invalid"]})
+    return min(seconds, settings.KESTREL_MAX_WAIT_SECONDS)
+
+
+def settle(action: Action, seconds: float) -> Action:
+    """Long-poll: wait until the action settles or ``seconds`` pass.
+
+    Subscribes to the action's change notices before re-reading it, so a change committed
+    between the read and the wait still wakes this request (kestrel_one.threads.notify).
+    """
+    if seconds <= 0 or action.state in SETTLED:
+        return action
+    deadline = time.monotonic() + seconds
+    with action_watch(action.public_id) as wait:
+        action.refresh_from_db()
+        while action.state not in SETTLED:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            wait(remaining)
+            action.refresh_from_db()
+    return action
+
+
+def _action_queryset(thread):
+    return Action.objects.filter(thread=thread).select_related(
+        "thread", "plan", "receipt", "approval__decided_by"
     )
-    sandbox = serializers.CharField(
-        read_only=True,
-        help_text='The sandbox backend its last heartbeat named: "docker", "bubblewrap", '
-        '"none", or "" before the first.',
+
+
+class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
+    scope_map = {"GET": "projects:read", "POST": "projects:write"}
+    queryset = Action.objects.none()
+    serializer_class = ActionSerializer
+    lookup_url_kwarg = "act"
+    filterset_fields = {"state": ["exact"], "tool": ["exact"]}
+
+    def restrict(self, queryset):
+        return _action_queryset(self.thread)
+
+    @extend_schema(parameters=[WAIT_PARAMETER], responses={200: ActionSerializer})
+    def retrieve(self, request, *args, **kwargs):
+        action = settle(self.get_object(), wait_seconds(request))
+        return Response(ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data)
+
+    @extend_schema(
+        request=ActionCreateSerializer,
+        responses={201: ActionSerializer},
+        parameters=[
+            WAIT_PARAMETER,
+            OpenApiParameter("Idempotency-Key", str, location=OpenApiParameter.HEADER),
+        ],
     )
-    shared = serializers.SerializerMethodField(
-        help_text="Serves every organization of its pool; revoked by the operator only."
+    def create(self, request, *args, **kwargs):
+        seconds = wait_seconds(request)
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not IDEMPOTENCY_KEY.match(key):
+            raise ValidationFailed(
+                "Idempotency-Key must be 1-255 visible ASCII characters.",
+                details={"Idempotency-Key": ["invalid"]},
+            )
+        data = ActionCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        status_code, body, action = self._create_once(key, request.data, values, seconds)
+        if seconds and action is not None:
+            action = settle(action, seconds)
+            body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
+        return Response(body, status=status_code)
+
+    @transaction.atomic
+    def _create_once(self, key, raw_body, values, seconds):
+        """Create the action, or with an Idempotency-Key seen before, replay the first response.
+        Returns the status, the body and the action (None if the replayed request made none).
+
+        The body is None when the caller waits (``seconds``) and no key keeps the first
+        response: the response is then read after the wait, and reading it now is waste.
+        """
+        record = None
+        if key is not None:
+            request_digest = digest({"thread": self.thread.public_id, "body": raw_body})
+            try:
+                with transaction.atomic():
+                    record = IdempotencyKey.objects.create(
+                        organization=self.organization,
+                        actor_id=self.principal.actor_id,
+                        key=key,
+                        request_digest=request_digest,
+                    )
+            except IntegrityError:
+                # A concurrent or earlier request with this key committed first: its response
+                # is the answer, or a 409 when the body differs.
+                first = IdempotencyKey.objects.get(
+                    organization=self.organization, actor_id=self.principal.actor_id, key=key
+                )
+                if first.request_digest != request_digest:
+                    raise Conflict(
+                        "This Idempotency-Key was already used with a different request.",
+                        details={"Idempotency-Key": ["reused with another body"]},
+                    ) from None
+                return first.response_status, first.response_body, first.action
+        action = action_request(
+            actor=self.principal,
+            thread=self.thread,
+            tool=values["tool"],
+            args=values["args"],
+            plan_step=values.get("plan_step"),
+        )
+        if record is None and seconds:
+            return status.HTTP_201_CREATED, None, action
+        body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
+        if record is not None:
+            IdempotencyKey.objects.filter(pk=record.pk).update(
+                action=action,
+                response_status=status.HTTP_201_CREATED,
+                response_body=json.loads(json.dumps(body, cls=JSONEncoder)),
+            )
+        return status.HTTP_201_CREATED, body, action
+
+
+class DecisionSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+
+
+class ActionDecisionViewSet(ProjectScopedViewSet):
+    """A person approves or denies one action (never the token that requested it)."""
+
+    scope_map = {"POST": "actions:approve"}
+    queryset = Action.objects.none()
+    lookup_url_kwarg = "act"
+
+    def restrict(self, queryset):
+        return _action_queryset(self.thread)
+
+    def _decide(self, request, approve: bool):
+        data = DecisionSerializer(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        action = self.get_object()
+        approval_decide(
+            actor=self.principal,
+            action=action,
+            approve=approve,
+            reason=data.validated_data.get("reason", ""),
+        )
+        return Response(ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data)
+
+    @extend_schema(request=DecisionSerializer, responses={200: ActionSerializer})
+    def approve(self, request, *args, **kwargs):
+        return self._decide(request, approve=True)
+
+    @extend_schema(request=DecisionSerializer, responses={200: ActionSerializer})
+    def deny(self, request, *args, **kwargs):
+        return self._decide(request, approve=False)
+
+
+class ReceiptSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+    action = serializers.CharField(source="action.public_id", read_only=True)
+
+    class Meta:
+        model = Receipt
+        fields = [
+            "id",
+            "action",
+            "call_id",
+            "tool",
+            "args",
+            "args_digest",
+            "action_digest",
+            "scope",
+            "outcome",
+            "result",
+            "error",
+            "policy_version",
+            "decision",
+            "runner",
+            "sandbox",
+            "command_digest",
+            "report_digest",
+            "started_at",
+            "finished_at",
+            "created_at",
+        ]
+
+
+class ReceiptViewSet(ProjectScopedViewSet):
+    scope_map = {"GET": "projects:read"}
+    queryset = Receipt.objects.none()
+
+    def restrict(self, queryset):
+        return queryset.filter(action__thread=self.thread).select_related("action")
+
+    @extend_schema(responses={200: ReceiptSerializer})
+    def retrieve(self, request, *args, **kwargs):
+        receipt = self.get_queryset().filter(action__public_id=kwargs.get("act")).first()
+        if receipt is None:
+            raise NotFound()
+        return Response(ReceiptSerializer(receipt).data)
+
+
+class VerificationSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+    action = serializers.CharField(source="action.public_id", read_only=True)
+
+    class Meta:
+        model = Verification
+        fields = ["id", "action", "accepted", "evidence", "verified_by", "check_name", "created_at"]
+
+
+class VerificationCreateSerializer(StrictSerializer):
+    accepted = serializers.BooleanField()
+    evidence = serializers.CharField(max_length=10000)
+    check = serializers.RegexField(
+        r"^[a-z0-9][a-z0-9._-]{0,99}$",
+        required=False,
+        help_text="The named check recording this; omit when a person decides.",
+    )
+
+
+class VerificationViewSet(ProjectScopedViewSet):
+    """Task acceptance on evidence, kept apart from the receipt's observed effects."""
+
+    scope_map = {"GET": "projects:read", "POST": "projects:write"}
+    queryset = Verification.objects.none()
+
+    def restrict(self, queryset):
+        return queryset.filter(action__thread=self.thread).select_related("action")
+
+    def _action(self, kwargs) -> Action:
+        action = _action_queryset(self.thread).filter(public_id=kwargs.get("act")).first()
+        if action is None:
+            raise NotFound()
+        return action
+
+    @extend_schema(responses={200: VerificationSerializer(many=True)})
+    def list(self, request, *args, **kwargs):
+        action = self._action(kwargs)
+        rows = self.get_queryset().filter(action=action).order_by("public_id")
+        return Response({"results": VerificationSerializer(rows, many=True).data})
+
+    @extend_schema(request=VerificationCreateSerializer, responses={201: VerificationSerializer})
+    def create(self, request, *args, **kwargs):
+        data = VerificationCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        verification = verification_record(
+            actor=self.principal,
+            action=self._action(kwargs),
+            accepted=values["accepted"],
+            evidence=values["evidence"],
+            check_name=values.get("check", ""),
+        )
+        return Response(VerificationSerializer(verification).data, status=status.HTTP_201_CREATED)
+
+
+class PlanSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="public_id", read_only=True)
+    thread = serializers.CharField(source="thread.public_id", read_only=True)
+    accepted_by = serializers.CharField(
+        source="accepted_by.public_id", default=None, read_only=True, allow_null=True
     )
 
     class Meta:
-        model = Runner
+        model = Plan
         fields = [
             "id",
-            "pool",
-            "name",
-            "key_fingerprint",
-            "enrolled_at",
-            "revoked_at",
-            "last_seen_at",
-            "sandbox",
-            "shared",
+            "thread",
+            "steps",
+            "state",
+            "flags",
+            "proposed_by",
+            "accepted_by",
+            "accepted_at",
+            "created_at",
         ]
 
-    def get_key_fingerprint(self, runner) -> str:
-        return hashlib.sha256(runner.public_key.encode()).hexdigest()
 
-    def get_shared(self, runner) -> bool:
-        return runner.organization_id is None
+class StepSerializer(StrictSerializer):
+    tool = serializers.CharField(max_length=100)
+    args = serializers.JSONField()
 
 
-class RunnerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
-    """The runners that serve this organization: its own, and the shared ones of the pool its
-    calls go to (``shared``: the single-host runner, a platform's runners). A shared runner
-    holds nothing of any organization, and its ``last_seen_at`` moves with its heartbeat,
-    not with anyone's calls; it is the operator's to revoke (``manage.py runner_revoke``)."""
+class PlanCreateSerializer(StrictSerializer):
+    steps = StepSerializer(many=True, allow_empty=False, max_length=100)
 
-    dangerously_include_unowned = True
 
-    scope_map = {"GET": "runners:write", "DELETE": "runners:write"}
-    queryset = Runner.objects.none()
-    serializer_class = RunnerSerializer
-    lookup_url_kwarg = "id"
-    filterset_fields = {"pool": ["exact"]}
+class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ProjectScopedViewSet):
+    """In Plan mode a client proposes ordered steps; a person accepts them explicitly."""
+
+    scope_map = {"GET": "projects:read", "POST": "projects:write"}
+    queryset = Plan.objects.none()
+    serializer_class = PlanSerializer
+    lookup_url_kwarg = "plan"
 
     def restrict(self, queryset):
-        return queryset.filter(
-            Q(organization__isnull=False)
-            | Q(pool=settings.KESTREL_DEFAULT_POOL, revoked_at__isnull=True)
-        )
+        return queryset.filter(thread=self.thread).select_related("thread", "accepted_by")
 
-    def destroy(self, request, *args, **kwargs):
-        runner = self.get_object()
-        if runner.organization_id is None:
-            raise PermissionDenied(
-                "This runner is shared by every organization on this service; only the "
-                "operator can revoke it (python manage.py runner_revoke)."
-            )
-        runner = runner_revoke(actor=self.principal, runner=runner)
-        return Response(RunnerSerializer(runner).data)
+    @extend_schema(request=PlanCreateSerializer, responses={201: PlanSerializer})
+    def create(self, request, *args, **kwargs):
+        data = PlanCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        plan = plan_propose(
+            actor=self.principal, thread=self.thread, steps=data.validated_data["steps"]
+        )
+        return Response(PlanSerializer(plan).data, status=status.HTTP_201_CREATED)
+
+
+class PlanAcceptViewSet(ProjectScopedViewSet):
+    scope_map = {"POST": "actions:approve"}
+    queryset = Plan.objects.none()
+    lookup_url_kwarg = "plan"
+
+    def restrict(self, queryset):
+        return queryset.filter(thread=self.thread)
+
+    @extend_schema(request=None, responses={200: PlanSerializer})
+    def accept(self, request, *args, **kwargs):
+        plan = plan_accept(actor=self.principal, plan=self.get_object())
+        return Response(PlanSerializer(plan).data)

@@ -15,7 +15,7 @@ from kestrel_one.common.errors import Conflict, ThreadEnded, ValidationFailed
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.approvals import require_person
 from kestrel_one.execution.models import Plan
-from kestrel_one.governance.tools import tool_call_request
+from kestrel_one.governance.judging import tool_call_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from runners.protocol import digest

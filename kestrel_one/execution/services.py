@@ -31,8 +31,8 @@ from kestrel_one.execution.models import (
     Receipt,
     Runner,
 )
+from kestrel_one.governance.judging import decide_call, tool_call_request
 from kestrel_one.governance.selectors import effective_policy
-from kestrel_one.governance.tools import decide_call, tool_call_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, resolve_mode

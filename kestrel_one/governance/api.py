@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.governance import selectors, services
-from kestrel_one.governance.tools import decide_call, tool_call_request
+from kestrel_one.governance.judging import decide_call, tool_call_request
 from kestrel_one.tenancy.models import Environment
 from policies import render_decision
 from runners.registry import TOOLS

@@ -15,9 +15,9 @@ from django.conf import settings
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
-from kestrel_one.execution.local import control_worker_argv
 from kestrel_one.execution.models import Runner
 from kestrel_one.governance.services import policy_publish_environment
+from kestrel_one.local.workers import control_worker_argv
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import thread_create

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from kestrel_one.common.runtime import runtime_paths
+from kestrel_one.local.runtime import runtime_paths
 from runners.protocol import generate_private_key_pem
 from tests.single_host.support import (
     ROOT,

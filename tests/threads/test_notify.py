@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from kestrel_one.execution.http import settle
+from kestrel_one.execution.api import settle
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.threads.notify import action_changed, action_watch
 from kestrel_one.threads.services import event_append

@@ -13,7 +13,8 @@ from django.db import transaction
 
 from kestrel_one.api.authentication import is_loopback
 from kestrel_one.common.broker import broker_status
-from kestrel_one.common.runtime import (
+from kestrel_one.local.broker import BrokerNotStarted, EmbeddedBroker
+from kestrel_one.local.runtime import (
     DataFolderInUse,
     RuntimeDirectoryError,
     RuntimePaths,
@@ -21,8 +22,7 @@ from kestrel_one.common.runtime import (
     ensure_private_directory,
     runtime_paths,
 )
-from kestrel_one.execution.embedded_broker import BrokerNotStarted, EmbeddedBroker
-from kestrel_one.execution.local import start_local_workers, stop_local_workers
+from kestrel_one.local.workers import start_local_workers, stop_local_workers
 from kestrel_one.tenancy.models import Organization
 
 LOCAL_ORG = "local"

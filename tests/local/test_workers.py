@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kestrel_one.execution.local import local_runner_environment
+from kestrel_one.local.workers import local_runner_environment
 
 pytestmark = pytest.mark.spec("RUN-7")
 

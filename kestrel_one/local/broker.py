@@ -23,7 +23,7 @@ from pathlib import Path
 
 import redis
 
-from kestrel_one.common.runtime import RuntimePaths, die_with_parent, ensure_private_directory
+from kestrel_one.local.runtime import RuntimePaths, die_with_parent, ensure_private_directory
 
 __all__ = ["REDIS_SERVER", "BrokerNotStarted", "EmbeddedBroker"]
 

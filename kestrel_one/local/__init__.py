@@ -1,0 +1,1 @@
+"""Single host: `serve`, its local workers, the embedded broker, runtime files."""

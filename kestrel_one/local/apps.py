@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class LocalConfig(AppConfig):
+    name = "kestrel_one.local"
+    label = "local"
