@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from runners.config import RunnerConfig, RunnerConfigError
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,12 +20,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from runners.brokerurl import is_redis_url, kombu_url, redis_client_url
-from runners.protocol import load_private_key, load_public_key
+from runners.contract.broker import is_redis_url, kombu_url, redis_client_url
+from runners.contract.names import runner_queue
+from runners.contract.tokens import load_private_key, load_public_key
+from runners.sandbox import BACKEND_FACTORIES
 
 __all__ = ["SANDBOX_CHOICES", "RunnerConfig", "RunnerConfigError"]
 
-SANDBOX_CHOICES = ("auto", "docker", "bubblewrap")
+# "auto", or one backend by name (runners.sandbox.BACKEND_FACTORIES, in preference order).
+SANDBOX_CHOICES = ("auto", *BACKEND_FACTORIES)
 DEFAULT_MAX_CALL_SECONDS = 600
 # Most calls end well within a second; a call still running after this long gets its own
 # "started" report, the others only their "finished" one (docs/runners.md#reports).
@@ -58,7 +61,7 @@ class RunnerConfig:
     @property
     def queue(self) -> str:
         """The Celery queue (and command audience) this runner serves."""
-        return f"runner.{self.pool}"
+        return runner_queue(self.pool)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> RunnerConfig:
@@ -80,7 +83,7 @@ class RunnerConfig:
             raise RunnerConfigError(
                 f"KESTREL_RUNNER_POOL must be letters, digits, '_', '-' or '.', got {pool!r}"
             )
-        # Either spelling of a Redis on a Unix socket is taken (runners.brokerurl): Celery
+        # Either spelling of a Redis on a Unix socket is taken (runners.contract.broker): Celery
         # gets kombu's, the call state redis-py's.
         broker_url = kombu_url(required("KESTREL_BROKER_URL"))
         state_url = env.get("KESTREL_RUNNER_STATE_URL", "").strip()

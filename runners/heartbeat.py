@@ -23,15 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runners.config import RunnerConfig
-from runners.protocol import HEARTBEAT_LIFETIME_SECONDS, sign_heartbeat
+from runners.contract.tokens import (
+    HEARTBEAT_INTERVAL_SECONDS,
+    HEARTBEAT_LIFETIME_SECONDS,
+    sign_heartbeat,
+)
 from runners.sandbox import SandboxBackend, SandboxUnavailable, select_backend
 from runners.workspace import workspace_for
 
-__all__ = ["HEARTBEAT_INTERVAL_SECONDS", "HEARTBEAT_TASK", "SandboxWatch", "start_heartbeats"]
+__all__ = ["HEARTBEAT_INTERVAL_SECONDS", "SandboxWatch", "start_heartbeats"]
 
-HEARTBEAT_TASK = "control.runner_heartbeat"
-# The control plane calls a runner silent after three missed beats (docs/runners.md).
-HEARTBEAT_INTERVAL_SECONDS = 30.0
 # The probe's own workspace; not a project id (those start with prj_), so no project has it.
 PROBE_WORKSPACE = "kestrel-heartbeat-probe"
 

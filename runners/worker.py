@@ -4,14 +4,14 @@ Start it with ``python -m runners worker`` (which runs ``celery -A runners.worke
 -Q runner.<pool>``). Each message on the pool's queue is one command token; the task
 ``runner.execute`` hands it to ``Runner.handle``, which:
 
-1. verifies the command (``runners.protocol.verify_command``) before it touches anything;
+1. verifies the command (``runners.contract.tokens.verify_command``) before it touches anything;
    a refusal is logged as JSON and dropped, never run and never retried (RUN-1, RUN-2);
 2. makes the call id single use through ``runners.callstate`` (RUN-9):
    a stored result is sent again; a live lease means another worker is running it, so
    this copy is a duplicate and is dropped; an expired lease means that worker died
    mid-call, so an idempotent tool runs again and any other tool ends ``runner_lost``;
    otherwise the call is claimed;
-3. runs the tool through ``runners.tools.execute`` (process tools only inside a sandbox
+3. runs the tool through ``runners.dispatch.run_verified`` (process tools only inside a sandbox
    backend, never without), stores the signed "finished" report and sends it to the
    control plane's ``control.ingest_result`` task on queue ``control``. A "started" report
    goes first only when the call is still running after
@@ -65,12 +65,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from kombu.common import Broadcast
 
-from runners import tools
+from runners import dispatch
 from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
 from runners.config import RunnerConfig, env_seconds, env_whole_number
-from runners.errors import RunnerError
-from runners.heartbeat import HEARTBEAT_EXPIRES_SECONDS, HEARTBEAT_TASK, start_heartbeats
-from runners.protocol import (
+from runners.contract.errors import RunnerError
+from runners.contract.names import (
+    CONTROL_TASK,
+    EXECUTE_TASK,
+    HEARTBEAT_TASK,
+    REPORT_QUEUE,
+    REPORT_TASK,
+)
+from runners.contract.registry import get_tool
+from runners.contract.tokens import (
     Command,
     CommandRefused,
     ControlMessage,
@@ -82,7 +89,7 @@ from runners.protocol import (
     verify_command,
     verify_control_message,
 )
-from runners.registry import get_tool
+from runners.heartbeat import HEARTBEAT_EXPIRES_SECONDS, start_heartbeats
 from runners.sandbox import (
     DockerBackend,
     ExecLimits,
@@ -101,7 +108,6 @@ from runners.workspace import workspace_for
 __all__ = [
     "CONTROL_TASK",
     "EXECUTE_TASK",
-    "PROCESS_TOOLS",
     "REPORT_QUEUE",
     "REPORT_TASK",
     "Disposition",
@@ -115,14 +121,6 @@ __all__ = [
     "reap_orphan_containers",
 ]
 
-EXECUTE_TASK = "runner.execute"
-CONTROL_TASK = "runner.control"
-REPORT_TASK = "control.ingest_result"
-REPORT_QUEUE = "control"
-
-# Tools that start a process and therefore need a sandbox backend; file tools act on the
-# host through runners.workspace and must keep working when no backend does.
-PROCESS_TOOLS = frozenset({"shell.exec", "code.python"})
 # What a receipt names as the sandbox of a tool that starts no process: the workspace, whose
 # openat walk is that tool's whole boundary (RUN-6). A process tool names its backend, or
 # "none" when no backend could be had (it then failed closed without running).
@@ -419,9 +417,9 @@ class Runner:
         backend: SandboxBackend | None = None
         try:
             workspace = workspace_for(self.config.workspace_root, command.prj)
-            if command.tool in PROCESS_TOOLS:
+            if get_tool(command.tool).runs_process:
                 backend = self.choose_backend(self.config.sandbox)
-            result = tools.execute(
+            result = dispatch.run_verified(
                 command.tool,
                 command.args,
                 workspace=workspace,
@@ -440,7 +438,7 @@ class Runner:
 
     @staticmethod
     def _sandbox_name(command: Command, backend: SandboxBackend | None) -> str:
-        if command.tool not in PROCESS_TOOLS:
+        if not get_tool(command.tool).runs_process:
             return WORKSPACE_SANDBOX
         return backend.name if backend is not None else NO_SANDBOX
 

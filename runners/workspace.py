@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.errors import RunnerError
+from runners.contract.errors import PathRefused, WorkspaceError
+from runners.contract.paths import split_relative_path
 
 # The unprivileged user that owns workspaces and runs sandboxed commands. The tool image
 # creates it (deploy/images/tool-runtime/build.sh); a root runner chowns what it creates to
@@ -32,23 +33,6 @@ _PROJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP_PREFIX = ".kestrel-tmp-"
 _HASH_CHUNK = 1024 * 1024
-
-
-class WorkspaceError(RunnerError):
-    """A file operation in the workspace that could not be done; says which path and why."""
-
-    code = "workspace_error"
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path!r}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-class PathRefused(WorkspaceError):
-    """The path is unsafe (absolute, ``..``, NUL, a symbolic link...) and was never opened."""
-
-    code = "path_refused"
 
 
 class PathNotFound(WorkspaceError):
@@ -78,28 +62,6 @@ def workspace_owner() -> tuple[int, int]:
     if os.geteuid() == 0:
         return SANDBOX_UID, SANDBOX_GID
     return os.getuid(), os.getgid()
-
-
-def split_relative_path(path: str) -> tuple[str, ...]:
-    """The components of a workspace-relative path, or ``PathRefused`` saying why not.
-
-    Only canonical spellings pass (no ``//``, no ``./``, no trailing ``/``), so the path a
-    policy judged is byte for byte the path that is opened. ``"."`` alone is the workspace.
-    """
-    if not isinstance(path, str) or path == "":
-        raise PathRefused(str(path), "an empty path names nothing")
-    if "\x00" in path:
-        raise PathRefused(path, "paths must not contain NUL characters")
-    if path.startswith("/"):
-        raise PathRefused(path, "absolute paths are refused; give a path inside the workspace")
-    if path == ".":
-        return ()
-    parts = tuple(path.split("/"))
-    if ".." in parts:
-        raise PathRefused(path, "'..' is refused; paths cannot climb out of the workspace")
-    if "" in parts or "." in parts:
-        raise PathRefused(path, "write the path without '//', './' or a trailing '/'")
-    return parts
 
 
 def workspace_for(root: Path, project_id: str) -> Path:

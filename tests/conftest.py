@@ -26,7 +26,7 @@ from kestrel_one.execution.plans import plan_propose
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.threads.services import thread_create
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 from runners.sandbox import DockerBackend, SandboxUnavailable
 from tests.factories import (
     EnvironmentFactory,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from runners.sandbox.base import (
+    ConfinedSandbox,
     ExecLimits,
     ExecResult,
     ExecSpec,
@@ -23,6 +24,7 @@ from runners.sandbox.warm import WarmDockerBackend
 __all__ = [
     "BACKEND_FACTORIES",
     "BubblewrapBackend",
+    "ConfinedSandbox",
     "DockerBackend",
     "ExecLimits",
     "ExecResult",

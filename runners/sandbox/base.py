@@ -15,21 +15,20 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from runners.errors import RunnerError
-from runners.workspace import Workspace, WorkspaceError, split_relative_path
+from runners.contract.errors import RunnerError, WorkspaceError
+from runners.contract.paths import split_relative_path
+from runners.workspace import Workspace
 
 # Where the workspace and the per-command temporary directory appear inside every backend.
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_TMP = "/tmp"  # noqa: S108 - a fresh, private tmpfs inside the sandbox
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# The sandbox owns these; an overlay cannot change them (see runners.registry).
-FIXED_ENV_NAMES = frozenset({"HOME", "PATH", "TMPDIR"})
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
@@ -275,3 +274,44 @@ def run_confined(backend: SandboxBackend, spec: ExecSpec) -> ExecResult:
     passed on untouched: nothing here, or anywhere, runs the command another way.
     """
     return backend.run_probed(spec)
+
+
+class ConfinedSandbox:
+    """A call's sandbox as its tool sees it (``runners.contract.toolspec.Sandbox``).
+
+    Binds the backend to the call's workspace, limits and labels; every ``run`` probes the
+    backend first (``run_confined``). Without a backend it fails closed.
+    """
+
+    def __init__(
+        self,
+        backend: SandboxBackend | None,
+        *,
+        workspace: Path,
+        limits: ExecLimits,
+        labels: Mapping[str, str],
+    ) -> None:
+        self.backend = backend
+        self.workspace = workspace
+        self.limits = limits
+        self.labels = labels
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str = ".",
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        if self.backend is None:
+            raise SandboxUnavailable("no sandbox backend was given; commands never run without one")
+        spec = ExecSpec(
+            argv=tuple(argv),
+            workspace=self.workspace,
+            cwd=cwd,
+            env=dict(env or {}),
+            limits=self.limits.with_timeout(timeout_s),
+            labels=self.labels,
+        )
+        return run_confined(self.backend, spec)

@@ -1,14 +1,14 @@
 """workspace.checkpoint and workspace.restore: a workspace to a bounded archive and back.
 
-Both run on the runner host, like the file tools, and keep to the same rule: nothing is
-ever reached through a symbolic link. A checkpoint walks the workspace by directory
-descriptor with ``O_NOFOLLOW`` and refuses (rather than skips) links, devices, sockets and
-pipes, so a snapshot is never silently partial. A restore validates the whole archive
-before it writes anything: only regular files and directories with canonical relative
-names (no absolute paths, no ``..``), within size and count caps, and the archive must
-match the SHA-256 the control plane recorded. Files are written through
-``runners.workspace.Workspace``, link-free and atomically each; nothing is extracted by
-``tarfile`` itself.
+Specs and implementations. Both run on the runner host, like the file tools, and keep to
+the same rule: nothing is ever reached through a symbolic link. A checkpoint walks the
+workspace by directory descriptor with ``O_NOFOLLOW`` and refuses (rather than skips)
+links, devices, sockets and pipes, so a snapshot is never silently partial. A restore
+validates the whole archive before it writes anything: only regular files and directories
+with canonical relative names (no absolute paths, no ``..``), within size and count caps,
+and the archive must match the SHA-256 the control plane recorded. Files are written
+through ``runners.workspace.Workspace``, link-free and atomically each; nothing is
+extracted by ``tarfile`` itself.
 
 A restore writes back every file and directory in the checkpoint. Files created since then
 stay in place, unless the restore is ``exact``: then everything the checkpoint does not hold
@@ -30,13 +30,11 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from runners.workspace import (
-    PathRefused,
-    Workspace,
-    WorkspaceError,
-    split_relative_path,
-    workspace_owner,
-)
+from runners.contract.arguments import object_schema, whole_workspace_request
+from runners.contract.errors import PathRefused, WorkspaceError
+from runners.contract.paths import split_relative_path
+from runners.contract.toolspec import Captures, ToolContext, ToolSpec
+from runners.workspace import Workspace, workspace_owner
 
 # The compressed archive travels base64-encoded inside a signed report or command (4 MiB
 # at most each), so it stays well under that.
@@ -69,8 +67,9 @@ class _Budget:
             raise CheckpointRefused(path, f"more than {MAX_CONTENT_BYTES} bytes of content")
 
 
-def checkpoint(args: dict[str, Any], *, workspace: Path, **_context: Any) -> dict[str, Any]:
+def checkpoint(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """A gzip'd tar of the workspace, base64-encoded, with its SHA-256 and counts."""
+    workspace = ctx.workspace
     Workspace(workspace)  # the root must be a real directory
     budget = _Budget()
     buffer = io.BytesIO()
@@ -151,8 +150,9 @@ def _member(path: str, kind: bytes, mode: int, info: os.stat_result) -> tarfile.
     return member
 
 
-def restore(args: dict[str, Any], *, workspace: Path, **_context: Any) -> dict[str, Any]:
+def restore(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Write a checkpoint's files back into the workspace, after checking all of it."""
+    workspace = ctx.workspace
     try:
         data = base64.b64decode(args["archive_b64"], validate=True)
     except (binascii.Error, ValueError):
@@ -267,3 +267,44 @@ def _make_directories(root: Path, parts: tuple[str, ...]) -> None:
             fd = next_fd
     finally:
         os.close(fd)
+
+
+# A checkpoint archive is at most MAX_ARCHIVE_BYTES, base64 a third more.
+MAX_ARCHIVE_B64_CHARS = MAX_ARCHIVE_BYTES * 4 // 3 + 4
+
+WORKSPACE_CHECKPOINT = ToolSpec(
+    name="workspace.checkpoint",
+    capability="fs.read",
+    summary="Snapshot the whole workspace as a bounded tar.gz (no links or devices).",
+    input_schema=object_schema({}, []),
+    idempotent=True,
+    build_request=whole_workspace_request("fs.read"),
+    implementation=checkpoint,
+    captures=Captures.CHECKPOINT,
+)
+
+WORKSPACE_RESTORE = ToolSpec(
+    name="workspace.restore",
+    capability="fs.write",
+    summary="Write a checkpoint's files back into the workspace, checked first.",
+    input_schema=object_schema(
+        {
+            "archive_b64": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_ARCHIVE_B64_CHARS,
+                "pattern": "^[A-Za-z0-9+/]*={0,2}$",
+            },
+            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            # Also remove what the checkpoint does not hold.
+            "exact": {"type": "boolean"},
+        },
+        ["archive_b64", "sha256"],
+    ),
+    # Writing the same files again leaves the same workspace.
+    idempotent=True,
+    build_request=whole_workspace_request("fs.write"),
+    implementation=restore,
+)
+
+TOOLS = (WORKSPACE_CHECKPOINT, WORKSPACE_RESTORE)

@@ -1,4 +1,8 @@
-"""shell.exec and code.python: commands that only ever run inside a probed sandbox."""
+"""The process tools, shell.exec and code.python: specs and implementations.
+
+Both only ever run inside a probed sandbox, which the runner hands in as
+``ToolContext.sandbox``; declared outputs are read back from the workspace afterwards.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from runners.registry import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUTS_TOTAL_BYTES, declared_outputs
-from runners.sandbox import (
-    ExecLimits,
-    ExecResult,
-    ExecSpec,
-    SandboxBackend,
-    SandboxUnavailable,
-    run_confined,
+from policies.request import Request
+from runners.contract.arguments import (
+    MAX_ARG_CHARS,
+    MAX_ARGV_ITEMS,
+    MAX_CODE_CHARS,
+    MAX_ENV_ENTRIES,
+    MAX_OUTPUT_FILE_BYTES,
+    MAX_OUTPUTS_TOTAL_BYTES,
+    MAX_SCRIPT_CHARS,
+    NO_NUL,
+    OUTPUTS,
+    PATH,
+    TIMEOUT,
+    declared_outputs,
+    object_schema,
+    timeout_limits,
 )
-from runners.workspace import (
-    FileTooLarge,
-    PathNotFound,
-    PathRefused,
-    Workspace,
-    WrongFileType,
-)
+from runners.contract.errors import PathRefused
+from runners.contract.toolspec import Captures, ProcessOutcome, ToolContext, ToolSpec
+from runners.workspace import FileTooLarge, PathNotFound, Workspace, WrongFileType
 
 # How a declared output that cannot be returned is reported; stable codes, like errors.
 _OUTPUT_ERRORS = (
@@ -34,51 +42,21 @@ _OUTPUT_ERRORS = (
 )
 
 
-def shell_exec(
-    args: dict[str, Any],
-    *,
-    workspace: Path,
-    backend: SandboxBackend | None,
-    limits: ExecLimits,
-    labels: Mapping[str, str],
-) -> dict[str, Any]:
+def shell_exec(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     # "--" keeps a script that starts with "-" from being read as options to sh.
     argv = tuple(args["argv"]) if "argv" in args else ("sh", "-c", "--", args["script"])
     cwd = args.get("cwd", ".")
     # Checked on the host, link-free, for a clear error; the sandbox confines it anyway.
-    Workspace(workspace).check_directory(cwd)
-    spec = ExecSpec(
-        argv=argv,
-        workspace=workspace,
-        cwd=cwd,
-        env=args.get("env", {}),
-        limits=limits.with_timeout(args.get("timeout_s")),
-        labels=labels,
+    Workspace(ctx.workspace).check_directory(cwd)
+    outcome = ctx.sandbox.run(
+        argv, cwd=cwd, env=args.get("env", {}), timeout_s=args.get("timeout_s")
     )
-    return _result(run_confined(_required(backend), spec), workspace, args)
+    return _result(outcome, ctx.workspace, args)
 
 
-def code_python(
-    args: dict[str, Any],
-    *,
-    workspace: Path,
-    backend: SandboxBackend | None,
-    limits: ExecLimits,
-    labels: Mapping[str, str],
-) -> dict[str, Any]:
-    spec = ExecSpec(
-        argv=("python3", "-c", args["code"]),
-        workspace=workspace,
-        limits=limits.with_timeout(args.get("timeout_s")),
-        labels=labels,
-    )
-    return _result(run_confined(_required(backend), spec), workspace, args)
-
-
-def _required(backend: SandboxBackend | None) -> SandboxBackend:
-    if backend is None:
-        raise SandboxUnavailable("no sandbox backend was given; commands never run without one")
-    return backend
+def code_python(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    outcome = ctx.sandbox.run(("python3", "-c", args["code"]), timeout_s=args.get("timeout_s"))
+    return _result(outcome, ctx.workspace, args)
 
 
 def collect_outputs(workspace: Path, paths: Sequence[str]) -> list[dict[str, Any]]:
@@ -113,7 +91,7 @@ def collect_outputs(workspace: Path, paths: Sequence[str]) -> list[dict[str, Any
     return collected
 
 
-def _result(result: ExecResult, workspace: Path, args: Mapping[str, Any]) -> dict[str, Any]:
+def _result(result: ProcessOutcome, workspace: Path, args: Mapping[str, Any]) -> dict[str, Any]:
     # A sandbox that failed raised before this point: outputs are read only after a command
     # that actually ran, so they are never mistaken for what an earlier call left.
     outputs = declared_outputs(args)
@@ -129,3 +107,88 @@ def _result(result: ExecResult, workspace: Path, args: Mapping[str, Any]) -> dic
         "sandbox": result.sandbox,
         **extra,
     }
+
+
+def _shell_request(args: Mapping[str, Any]) -> Request:
+    # argv[0] exactly as given: a basename would let "./git" (a file in the workspace) pass a
+    # rule written for "git" (the program on the sandbox's fixed PATH).
+    command = args["argv"][0] if "argv" in args else "sh"
+    return Request(capability="shell.exec", command=command, limits=timeout_limits(args))
+
+
+def _python_request(args: Mapping[str, Any]) -> Request:
+    return Request(capability="code.exec", limits=timeout_limits(args))
+
+
+_SHELL_SCHEMA = object_schema(
+    {
+        "argv": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_ARGV_ITEMS,
+            "prefixItems": [{"type": "string", "minLength": 1}],
+            "items": {"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": NO_NUL},
+        },
+        "script": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_SCRIPT_CHARS,
+            "pattern": NO_NUL,
+        },
+        "cwd": PATH,
+        "env": {
+            "type": "object",
+            "maxProperties": MAX_ENV_ENTRIES,
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,127}$"},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_ARG_CHARS,
+                "pattern": NO_NUL,
+            },
+        },
+        "timeout_s": TIMEOUT,
+        "outputs": OUTPUTS,
+    },
+    [],
+    oneOf=[{"required": ["argv"]}, {"required": ["script"]}],
+)
+
+_PYTHON_SCHEMA = object_schema(
+    {
+        "code": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_CODE_CHARS,
+            "pattern": NO_NUL,
+        },
+        "timeout_s": TIMEOUT,
+        "outputs": OUTPUTS,
+    },
+    ["code"],
+)
+
+SHELL_EXEC = ToolSpec(
+    name="shell.exec",
+    capability="shell.exec",
+    summary="Run a program (argv) or a POSIX sh script in the sandbox.",
+    input_schema=_SHELL_SCHEMA,
+    idempotent=False,
+    build_request=_shell_request,
+    implementation=shell_exec,
+    runs_process=True,
+    captures=Captures.OUTPUTS,
+)
+
+CODE_PYTHON = ToolSpec(
+    name="code.python",
+    capability="code.exec",
+    summary="Run a Python 3 program in the sandbox.",
+    input_schema=_PYTHON_SCHEMA,
+    idempotent=False,
+    build_request=_python_request,
+    implementation=code_python,
+    runs_process=True,
+    captures=Captures.OUTPUTS,
+)
+
+TOOLS = (SHELL_EXEC, CODE_PYTHON)

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 import kestrel_one.urls  # noqa: F401 - loads every endpoint module, so every serializer exists
 from kestrel_one.api.serializers import StrictModelSerializer, StrictSerializer
 from kestrel_one.threads.services import thread_create
-from runners.registry import TOOLS
+from runners.contract.registry import TOOLS
 from tests.factories import ProjectFactory
 
 MODES = ["ask", "plan", "agent", "auto"]

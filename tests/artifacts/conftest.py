@@ -10,7 +10,7 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.services import action_dispatch, action_request, report_ingest
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.threads.services import thread_create
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 from tests.artifacts.helpers import finished_report
 from tests.factories import EnvironmentFactory, ProjectFactory
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from kestrel_one.artifacts.models import Checkpoint
 from kestrel_one.artifacts.services import artifact_create
-from runners.protocol import sign_result
+from runners.contract.tokens import sign_result
+from runners.contract.toolspec import ToolContext
 from runners.tools import checkpoints
 
 
@@ -20,7 +21,8 @@ def workspace_archive(files: dict[str, str] | None = None) -> dict:
             target = Path(root) / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
-        return checkpoints.checkpoint({}, workspace=Path(root))
+        # A checkpoint starts no process: it needs no sandbox.
+        return checkpoints.checkpoint({}, ToolContext(workspace=Path(root), sandbox=None))
 
 
 def make_checkpoint(*, project, thread=None) -> Checkpoint:

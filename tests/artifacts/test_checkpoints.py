@@ -14,9 +14,9 @@ import pytest
 from kestrel_one.artifacts.models import Artifact, Checkpoint
 from kestrel_one.artifacts.storage import storage_read
 from kestrel_one.execution.models import Action
-from runners import tools
-from runners.errors import InvalidArguments
-from runners.registry import validate_args
+from runners import dispatch
+from runners.contract.errors import InvalidArguments
+from runners.contract.registry import validate_args
 from runners.sandbox import ExecLimits
 from runners.tools import checkpoints
 from runners.workspace import PathRefused
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.spec("AUD-5")
 
 
 def run_tool(name, args, workspace):
-    return tools.execute(
+    return dispatch.execute(
         name, args, workspace=workspace, backend=None, limits=ExecLimits(), labels={}
     )
 

@@ -14,7 +14,7 @@ from kestrel_one.execution.models import Receipt
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.threads.services import thread_create
-from runners.registry import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUTS_TOTAL_BYTES
+from runners.contract.arguments import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUTS_TOTAL_BYTES
 from tests.artifacts.conftest import person
 from tests.factories import EnvironmentFactory, ProjectFactory
 

@@ -7,7 +7,7 @@ import pytest
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.threads.services import thread_create
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 
 
 @pytest.fixture

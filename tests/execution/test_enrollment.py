@@ -14,7 +14,7 @@ from kestrel_one.accounts.principal import system_principal
 from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.models import Runner
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spec("RUN-1")

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from kestrel_one.execution.heartbeats import HeartbeatRefused, runner_heartbeat_record
 from kestrel_one.execution.models import Runner
-from runners.protocol import (
+from runners.contract.tokens import (
     ResultRefused,
     generate_private_key_pem,
     sign_heartbeat,

@@ -17,7 +17,7 @@ from kestrel_one.execution.services import (
     report_ingest,
 )
 from kestrel_one.threads.models import ThreadEvent
-from runners.protocol import generate_private_key_pem, sign_result, token_digest
+from runners.contract.tokens import generate_private_key_pem, sign_result, token_digest
 
 pytestmark = pytest.mark.spec("RUN-7")
 

@@ -21,7 +21,7 @@ from kestrel_one.local.workers import control_worker_argv
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import thread_create
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 from tests.support import stop
 
 ROOT = Path(__file__).resolve().parents[2]

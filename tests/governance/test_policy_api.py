@@ -6,7 +6,7 @@ import pytest
 
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.governance.models import PolicyVersion
-from runners.registry import TOOLS
+from runners.contract.registry import TOOLS
 
 
 def env_url(world) -> str:

@@ -1,5 +1,5 @@
 """One Redis, two client libraries: every broker address is accepted in either spelling of a
-Unix socket, and converted in one place (runners.brokerurl)."""
+Unix socket, and converted in one place (runners.contract.broker)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from runners.brokerurl import broker_label, is_redis_url, kombu_url, redis_client_url
 from runners.config import RunnerConfig
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.broker import broker_label, is_redis_url, kombu_url, redis_client_url
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 
 SOCKET = "/srv/kestrel/var/run/redis.sock"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from runners.dispatch import execute
 from runners.sandbox import BubblewrapBackend, ExecLimits
-from runners.tools import execute
 from runners.workspace import SANDBOX_UID
 
 pytestmark = pytest.mark.spec("RUN-3", "RUN-4")

@@ -1,6 +1,6 @@
 """Control messages (``thread.end``): signed like commands, never mistaken for one, and
 every forged, misaddressed, stale or unknown message refused. Pure unit tests of
-``runners.protocol``; what a worker does with them is in ``test_thread_end_runner.py``."""
+``runners.contract.tokens``; what a worker does with them is in ``test_thread_end_runner.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from runners.protocol import (
+from runners.contract.tokens import (
     CONTROL_CLAIMS,
     CommandRefused,
     ControlRefused,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from runners.errors import InvalidArguments
+from runners.contract.errors import InvalidArguments
+from runners.dispatch import execute
 from runners.sandbox import ExecLimits, ExecSpec
 from runners.sandbox.docker import MANAGED_LABEL
-from runners.tools import execute
 from runners.workspace import SANDBOX_UID, PathRefused
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-3", "RUN-4")]

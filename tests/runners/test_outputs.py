@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from runners.registry import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUTS_TOTAL_BYTES
+from runners.contract.arguments import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUTS_TOTAL_BYTES
+from runners.dispatch import execute
 from runners.sandbox import ExecLimits
-from runners.tools import execute
 from runners.tools.processes import collect_outputs
 
 pytestmark = pytest.mark.spec("RUN-6")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runners.dispatch import execute
 from runners.sandbox import (
     BubblewrapBackend,
     DockerBackend,
@@ -19,7 +20,6 @@ from runners.sandbox import (
     SandboxUnavailable,
     select_backend,
 )
-from runners.tools import execute
 
 pytestmark = pytest.mark.spec("RUN-5")
 

@@ -1,6 +1,6 @@
 """The wire contract: signed commands and results, and every way a token is refused.
 
-Pure unit tests of ``runners.protocol``; the runner-side consequences (nothing executed,
+Pure unit tests of ``runners.contract.tokens``; the runner-side consequences (nothing executed,
 refusals logged) are in ``test_worker_calls.py``.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import jwt
 import pytest
 
-from runners.protocol import (
+from runners.contract.tokens import (
     COMMAND_CLAIMS,
     RESULT_CLAIMS,
     CommandRefused,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import pytest
 
 from policies.request import Request
-from runners import registry
-from runners.registry import TOOLS, InvalidArguments, UnknownTool, get_tool, validate_args
-from runners.tools import IMPLEMENTATIONS
+from runners.contract import arguments as registry
+from runners.contract.errors import InvalidArguments, UnknownTool
+from runners.contract.registry import TOOL_MODULES, TOOLS, get_tool, validate_args
+from runners.contract.toolspec import ToolSpec
 
 pytestmark = pytest.mark.spec("EXT-1", "RUN-2")
 
@@ -25,8 +29,36 @@ def test_registry_holds_exactly_the_first_tool_set():
     }
 
 
+def _implementations(module) -> set:
+    """The functions a tool module defines that take ``(args, ctx)``: its implementations."""
+    return {
+        value
+        for value in vars(module).values()
+        if inspect.isfunction(value)
+        and value.__module__ == module.__name__
+        and list(inspect.signature(value).parameters) == ["args", "ctx"]
+    }
+
+
 def test_every_registered_tool_has_exactly_one_implementation():
-    assert set(IMPLEMENTATIONS) == set(TOOLS)
+    implementations = [spec.implementation for spec in TOOLS.values()]
+    assert all(callable(implementation) for implementation in implementations)
+    # One implementation per tool: no two tools share one.
+    assert len(set(implementations)) == len(TOOLS)
+    for spec in TOOLS.values():
+        module = sys.modules[spec.implementation.__module__]
+        assert module in TOOL_MODULES
+        # The tool's spec sits in the module of its implementation.
+        assert any(listed is spec for listed in module.TOOLS)
+
+
+def test_every_implementation_is_registered():
+    defined = set().union(*(_implementations(module) for module in TOOL_MODULES))
+    registered = {spec.implementation for spec in TOOLS.values()}
+    assert defined == registered
+    # Every spec a tool module defines is listed in the registry, by the same object.
+    specs = {id(v) for m in TOOL_MODULES for v in vars(m).values() if isinstance(v, ToolSpec)}
+    assert specs == {id(spec) for spec in TOOLS.values()}
 
 
 def test_registry_cannot_be_extended_at_run_time():

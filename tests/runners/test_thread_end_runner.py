@@ -24,17 +24,17 @@ from kombu import Exchange
 
 from runners.callstate import CallState
 from runners.config import RunnerConfig
-from runners.protocol import (
+from runners.contract.tokens import (
     control_exchange,
     generate_private_key_pem,
     public_key_pem,
     sign_command,
     sign_control_message,
 )
+from runners.dispatch import execute
 from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.sandbox.warm import WARM_LABEL, warm_container_busy
-from runners.tools import execute
 from runners.worker import Disposition, Runner, WarmBackendChooser
 from runners.workspace import workspace_for
 from tests.runners.support import RUNNER_REDIS_URL, runner_config, worker_environment

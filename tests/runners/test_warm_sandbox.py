@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.errors import RunnerError
+from runners.contract.errors import RunnerError
+from runners.dispatch import execute
 from runners.sandbox import (
     ExecLimits,
     ExecSpec,
@@ -36,7 +37,6 @@ from runners.sandbox.warm import (
     containers_running_call,
     remove_idle_warm_containers,
 )
-from runners.tools import execute
 from runners.workspace import SANDBOX_UID, workspace_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-3", "RUN-4", "RUN-5")]

@@ -24,10 +24,11 @@ import kombu.exceptions
 import pytest
 import redis
 
-from runners import tools
+from runners import dispatch
 from runners.callstate import CallState, Lease, LeaseKeeper
 from runners.config import RunnerConfig
-from runners.protocol import (
+from runners.contract.registry import TOOLS
+from runners.contract.tokens import (
     COMMAND_CLAIMS,
     canonical_json,
     digest,
@@ -45,7 +46,8 @@ from runners.sandbox import (
     SandboxStartFailed,
     SandboxUnavailable,
 )
-from runners.worker import PROCESS_TOOLS, Disposition, Runner, StartedReport, daemon_timer
+from runners.tools import processes
+from runners.worker import Disposition, Runner, StartedReport, daemon_timer
 from tests.runners.support import runner_config
 from tests.runners.test_protocol import (
     CONTROL_KEY,
@@ -137,15 +139,15 @@ class Recorder:
 
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """Counts every call of ``runners.tools.execute``: the only way a tool runs."""
+    """Counts every call of ``runners.dispatch.run_verified``: the only way a tool runs."""
     recorder = Recorder()
-    real_execute = tools.execute
+    real_execute = dispatch.run_verified
 
     def spy(tool_name: str, args: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         recorder.executions.append((tool_name, args))
         return real_execute(tool_name, args, **kwargs)
 
-    monkeypatch.setattr(tools, "execute", spy)
+    monkeypatch.setattr(dispatch, "run_verified", spy)
     return recorder
 
 
@@ -321,13 +323,13 @@ def test_valid_command_runs_once_and_reports_its_result(
 
 def _tool_that(monkeypatch: pytest.MonkeyPatch, during: Callable[[], None]) -> None:
     """Make every tool call run ``during`` first, then the real tool."""
-    real_execute = tools.execute
+    real_execute = dispatch.run_verified
 
     def execute(tool_name: str, args: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         during()
         return real_execute(tool_name, args, **kwargs)
 
-    monkeypatch.setattr(tools, "execute", execute)
+    monkeypatch.setattr(dispatch, "run_verified", execute)
 
 
 @pytest.mark.spec("RUN-7")
@@ -715,7 +717,7 @@ def test_unexpected_crash_becomes_internal_error(runner, recorder, runner_key, m
     def explode(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(tools, "execute", explode)
+    monkeypatch.setattr(dispatch, "run_verified", explode)
     runner.handle(command())
     final = _finished(recorder, runner_key)
     assert final.error == {"code": "internal_error", "message": "the runner failed unexpectedly"}
@@ -741,9 +743,7 @@ def test_command_limits_are_capped_by_the_runner_and_calls_are_labelled(
 
 
 def test_process_tools_are_exactly_the_sandboxed_implementations():
-    from runners.tools import IMPLEMENTATIONS, processes
-
     sandboxed = {
-        name for name, impl in IMPLEMENTATIONS.items() if impl.__module__ == processes.__name__
+        name for name, spec in TOOLS.items() if spec.implementation.__module__ == processes.__name__
     }
-    assert sandboxed == PROCESS_TOOLS
+    assert sandboxed == {name for name, spec in TOOLS.items() if spec.runs_process}

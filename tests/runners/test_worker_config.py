@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runners.config import RunnerConfig, RunnerConfigError
-from runners.protocol import generate_private_key_pem, load_public_key, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, load_public_key, public_key_pem
 from runners.worker import celery_settings
 
 pytestmark = pytest.mark.spec("RUN-1", "RUN-7")
@@ -173,7 +173,7 @@ def test_runner_modules_import_without_the_control_plane():
     # kombu opportunistically imports django.utils (for lazy strings) when Django happens
     # to be installed; what must never load is the control plane, its settings or its ORM.
     code = (
-        "import sys, runners.protocol, runners.worker, runners.__main__\n"
+        "import sys, runners.contract.tokens, runners.worker, runners.__main__\n"
         "loaded = [m for m in sys.modules if m.startswith(('kestrel_one', 'django.conf', "
         "'django.db', 'django.apps'))]\n"
         "assert not loaded, loaded\n"

@@ -27,7 +27,7 @@ import redis
 from celery import Celery
 from kombu import Connection
 
-from runners.protocol import (
+from runners.contract.tokens import (
     Heartbeat,
     RunnerReport,
     generate_private_key_pem,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runners.errors import InvalidArguments
+from runners.contract.errors import InvalidArguments
+from runners.dispatch import execute
 from runners.sandbox import ExecLimits
-from runners.tools import execute
 from runners.workspace import (
     SANDBOX_UID,
     PathNotFound,

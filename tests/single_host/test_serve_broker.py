@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from kestrel_one.local.runtime import runtime_paths
-from runners.protocol import generate_private_key_pem
+from runners.contract.tokens import generate_private_key_pem
 from tests.single_host.support import (
     ROOT,
     Serve,

@@ -13,7 +13,7 @@ from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import Action, Approval, IdempotencyKey, Plan
 from kestrel_one.threads.models import Thread, ThreadEvent
-from runners.protocol import (
+from runners.contract.tokens import (
     CommandRefused,
     control_exchange,
     public_key_pem,

@@ -1,0 +1,55 @@
+"""Task, queue, exchange, audience and issuer names: where messages go and who they are for.
+
+Both tiers route by these strings (Celery task names, queue names, JWT ``iss``/``aud``), so
+each is spelled here once.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "COMMAND_ISSUER",
+    "CONTROL_QUEUE",
+    "CONTROL_TASK",
+    "EXECUTE_TASK",
+    "HEARTBEAT_TASK",
+    "REPORT_QUEUE",
+    "REPORT_TASK",
+    "RESULT_AUDIENCE",
+    "command_audience",
+    "control_exchange",
+    "runner_queue",
+]
+
+# The control plane: issuer of commands and control messages, audience of reports.
+COMMAND_ISSUER = "kestrel-control"
+RESULT_AUDIENCE = "kestrel-control"
+
+# The control plane's own queue; every ``control.*`` task is routed there.
+CONTROL_QUEUE = "control"
+# Runner -> control plane: signed reports and heartbeats, on ``CONTROL_QUEUE``.
+REPORT_TASK = "control.ingest_result"
+REPORT_QUEUE = CONTROL_QUEUE
+HEARTBEAT_TASK = "control.runner_heartbeat"
+# Control plane -> runner: one signed command (queue ``runner.<pool>``) and signed control
+# messages (the pool's fanout exchange).
+EXECUTE_TASK = "runner.execute"
+CONTROL_TASK = "runner.control"
+
+
+def runner_queue(pool: str) -> str:
+    """The queue commands for runner pool ``pool`` are sent on; exactly one worker takes each."""
+    return f"runner.{pool}"
+
+
+def command_audience(pool: str) -> str:
+    """The audience a command for runner pool ``pool`` carries (also its queue name)."""
+    return runner_queue(pool)
+
+
+def control_exchange(pool: str) -> str:
+    """The fanout exchange (and routing key) control messages for ``pool`` are published on.
+
+    Every runner worker of the pool binds its own broadcast queue to it, so each one gets a
+    copy, unlike ``runner.<pool>`` where exactly one worker takes each command.
+    """
+    return f"runner.{pool}.control"

@@ -1,0 +1,92 @@
+"""What a tool is (``ToolSpec``) and what its implementation is given (``ToolContext``).
+
+A tool's module (``runners.tools.*``) defines its ``ToolSpec`` beside its implementation;
+both tiers read the spec, only the runner calls the implementation. The context carries
+the runner's machinery in as values typed here (``Sandbox``), so a tool module imports
+nothing of ``runners.sandbox`` and the web process can load every spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from policies.request import Request
+
+__all__ = ["Captures", "ProcessOutcome", "Sandbox", "ToolContext", "ToolSpec"]
+
+
+class Captures(StrEnum):
+    """What the control plane keeps from a tool's succeeded result."""
+
+    # Nothing beyond the action's own result.
+    NOTHING = "nothing"
+    # The files the call declared as ``outputs`` become artifacts.
+    OUTPUTS = "outputs"
+    # The result is a workspace archive kept as a checkpoint.
+    CHECKPOINT = "checkpoint"
+
+
+class ProcessOutcome(Protocol):
+    """How a command that ran in the sandbox ended (``runners.sandbox.ExecResult``)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    truncated: bool
+    duration_ms: int
+    timed_out: bool
+    oom_killed: bool
+    sandbox: str
+
+
+class Sandbox(Protocol):
+    """Runs one command confined to the call's workspace, with the call's limits."""
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str = ".",
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> ProcessOutcome: ...
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What an implementation works on: the call's workspace and its sandbox."""
+
+    workspace: Path
+    sandbox: Sandbox
+
+
+Implementation = Callable[[dict[str, Any], ToolContext], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What a tool is: its name, the capability it needs, its argument schema, its code.
+
+    ``idempotent`` says whether running the same arguments twice has the effect of running
+    them once; the runner may retry an interrupted call only when it is true.
+    ``runs_process`` says the call starts a process, so it runs only in a probed sandbox.
+    ``captures`` says what the control plane keeps from a succeeded result.
+    """
+
+    name: str
+    capability: str
+    summary: str
+    input_schema: Mapping[str, Any]
+    idempotent: bool
+    build_request: Callable[[Mapping[str, Any]], Request]
+    implementation: Implementation
+    runs_process: bool = False
+    captures: Captures = Captures.NOTHING
+
+    def capability_request(self, args: Mapping[str, Any]) -> Request:
+        """The policy request for already validated ``args``."""
+        return self.build_request(args)

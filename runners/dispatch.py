@@ -1,0 +1,56 @@
+"""Running one tool call on the runner: the context it gets and the one entry point.
+
+``run_verified`` runs a command whose arguments ``verify_command`` already checked (the
+runner's one validation); ``execute`` validates first, for callers that hold arguments
+nobody checked yet. Process tools run only through a probed sandbox backend
+(``runners.sandbox.ConfinedSandbox``); there is no other way for them to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from runners.contract.registry import get_tool, validate_args
+from runners.contract.toolspec import ToolContext
+from runners.sandbox import ConfinedSandbox, ExecLimits, SandboxBackend
+
+__all__ = ["execute", "run_verified"]
+
+
+def run_verified(
+    tool_name: str,
+    args: dict[str, Any],
+    *,
+    workspace: Path,
+    backend: SandboxBackend | None,
+    limits: ExecLimits,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """Run one call whose ``args`` were already validated for ``tool_name``.
+
+    Raises a ``runners.contract.errors.RunnerError`` subclass when the call cannot run
+    (unsafe path, no sandbox...), each with a ``code``. ``backend`` may be None only for
+    tools that run no process.
+    """
+    tool = get_tool(tool_name)
+    workspace = Path(workspace)
+    sandbox = ConfinedSandbox(backend, workspace=workspace, limits=limits, labels=labels)
+    return tool.implementation(args, ToolContext(workspace=workspace, sandbox=sandbox))
+
+
+def execute(
+    tool_name: str,
+    args: Any,
+    *,
+    workspace: Path,
+    backend: SandboxBackend | None,
+    limits: ExecLimits,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """Validate ``args`` for ``tool_name`` (``UnknownTool``, ``InvalidArguments``), then run."""
+    canonical = validate_args(get_tool(tool_name).name, args)
+    return run_verified(
+        tool_name, canonical, workspace=workspace, backend=backend, limits=limits, labels=labels
+    )
