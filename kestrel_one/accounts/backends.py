@@ -7,8 +7,12 @@ compared.
 
 from __future__ import annotations
 
+import hmac
+
 from django.conf import settings
 from django.contrib.auth.backends import BaseBackend
+
+from kestrel_one.tenancy.models import Membership
 
 # What a server-token attempt counts against in the lockout: there is one such secret.
 SERVER_TOKEN_ATTEMPT = "(server token)"  # noqa: S105 - a label, not the token
@@ -20,12 +24,33 @@ def server_token_sign_in_enabled() -> bool:
     return bool(settings.SINGLE_HOST and settings.KESTREL_SERVER_TOKEN)
 
 
+def is_server_token(value: str | None) -> bool:
+    """Single-host mode: ``value`` is the configured KESTREL_SERVER_TOKEN (constant time)."""
+    expected = settings.KESTREL_SERVER_TOKEN
+    return bool(
+        settings.SINGLE_HOST
+        and expected
+        and value
+        and hmac.compare_digest(value.encode(), expected.encode())
+    )
+
+
+def local_owner():
+    """The owner whose organizations the local agent acts in; created by ``serve`` on an empty
+    database."""
+    membership = (
+        Membership.objects.filter(role="owner", user__is_active=True)
+        .select_related("user")
+        .order_by("created_at")
+        .first()
+    )
+    return membership.user if membership else None
+
+
 class ServerTokenBackend(BaseBackend):
     """Single-host mode: the configured KESTREL_SERVER_TOKEN signs in as the local owner."""
 
     def authenticate(self, request, server_token=None, **credentials):
-        from kestrel_one.api.authentication import is_server_token, local_owner
-
         return local_owner() if is_server_token(server_token) else None
 
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 
+from kestrel_one.accounts.backends import is_server_token, local_owner
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.services import token_authenticate
 from kestrel_one.audit.services import audit_authentication_failure
@@ -55,31 +56,6 @@ def is_loopback(address: str | None) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip.is_loopback
-
-
-def is_server_token(value: str | None) -> bool:
-    """Single-host mode: ``value`` is the configured KESTREL_SERVER_TOKEN (constant time)."""
-    expected = settings.KESTREL_SERVER_TOKEN
-    return bool(
-        settings.SINGLE_HOST
-        and expected
-        and value
-        and hmac.compare_digest(value.encode(), expected.encode())
-    )
-
-
-def local_owner():
-    """The owner whose organizations the local agent acts in; created by ``serve`` on an empty
-    database."""
-    from kestrel_one.tenancy.models import Membership
-
-    membership = (
-        Membership.objects.filter(role="owner", user__is_active=True)
-        .select_related("user")
-        .order_by("created_at")
-        .first()
-    )
-    return membership.user if membership else None
 
 
 def local_agent(*, anonymous: bool) -> Principal:

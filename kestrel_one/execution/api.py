@@ -9,6 +9,7 @@ import time
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.exceptions import NotFound
@@ -17,8 +18,10 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
-from kestrel_one.common.errors import Conflict, ValidationFailed
+from kestrel_one.artifacts.models import Checkpoint
+from kestrel_one.common.errors import Conflict, ValidationFailed, echo
 from kestrel_one.execution.approvals import approval_decide, verification_record
+from kestrel_one.execution.checkpoints import checkpoint_restore
 from kestrel_one.execution.models import (
     TERMINAL_STATES,
     Action,
@@ -31,6 +34,7 @@ from kestrel_one.execution.models import (
 )
 from kestrel_one.execution.plans import plan_accept, plan_propose
 from kestrel_one.execution.services import action_request
+from kestrel_one.threads.models import Thread
 from kestrel_one.threads.notify import action_watch
 from runners.protocol import digest
 
@@ -443,3 +447,67 @@ class PlanAcceptViewSet(ProjectScopedViewSet):
     def accept(self, request, *args, **kwargs):
         plan = plan_accept(actor=self.principal, plan=self.get_object())
         return Response(PlanSerializer(plan).data)
+
+
+class CheckpointRestoreSerializer(StrictSerializer):
+    thread = serializers.CharField(
+        max_length=40,
+        required=False,
+        help_text="The thread (in the checkpoint's project) to request the restore in; the "
+        "checkpoint's own thread by default.",
+    )
+    exact = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Also remove the files and directories created since the checkpoint, so the "
+        "workspace ends exactly as it was. By default they are left in place.",
+    )
+
+
+class CheckpointRestoreViewSet(ProjectScopedViewSet):
+    """Ask a runner to restore a checkpoint, as an action subject to policy and approvals."""
+
+    scope_map = {"POST": "projects:write"}
+    queryset = Checkpoint.objects.none()
+    lookup_url_kwarg = "chk"
+
+    def restrict(self, queryset):
+        return queryset.filter(project=self.project).select_related("artifact", "thread")
+
+    @extend_schema(request=CheckpointRestoreSerializer, responses={201: OpenApiTypes.OBJECT})
+    def restore(self, request, *args, **kwargs):
+        data = CheckpointRestoreSerializer(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        checkpoint = self.get_object()
+        thread_id = data.validated_data.get("thread")
+        # The thread is looked up through this project only; another project's is missing.
+        thread = (
+            Thread.objects.filter(public_id=thread_id, project=self.project).first()
+            if thread_id
+            else checkpoint.thread
+        )
+        if thread is None:
+            missing = (
+                f"no thread {echo(thread_id)} in this project"
+                if thread_id
+                else "The checkpoint's thread is gone; name a thread of this project."
+            )
+            raise ValidationFailed(missing, details={"thread": [missing]})
+        action = checkpoint_restore(
+            actor=self.principal,
+            checkpoint=checkpoint,
+            thread=thread,
+            exact=data.validated_data["exact"],
+        )
+        # The archive travels in the action's arguments; the response names the action
+        # instead of echoing megabytes back.
+        return Response(
+            {
+                "checkpoint": checkpoint.public_id,
+                "action": action.public_id,
+                "thread": thread.public_id,
+                "state": action.state,
+                "decision": action.decision,
+            },
+            status=status.HTTP_201_CREATED,
+        )

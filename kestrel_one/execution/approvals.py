@@ -13,6 +13,13 @@ from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, PermissionDenied
 from kestrel_one.execution.models import Action, ActionState, Approval, Verification
+from kestrel_one.execution.services import (
+    APPROVAL_EXPIRED,
+    action_digest,
+    action_dispatch,
+    action_scope,
+    end_action,
+)
 from kestrel_one.governance.selectors import policy_version_label
 from kestrel_one.threads.services import event_append, thread_require_open
 from policies import Mode
@@ -40,8 +47,6 @@ def _digest_intact(action: Action) -> None:
     """Recompute the action's digest from what is stored now: if any bound field (scope,
     tool, arguments, policy version) differs from what was requested, this approval is not
     for it."""
-    from kestrel_one.execution.services import action_digest, action_scope
-
     args_digest = digest(action.args)
     recomputed = action_digest(
         scope=action_scope(action),
@@ -72,8 +77,6 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
     An action that waited past the approval window is ended as expired first, in its own
     transaction, so the refusal that follows does not roll the expiry back.
     """
-    from kestrel_one.execution.services import APPROVAL_EXPIRED, end_action
-
     window = timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
     if (
         action.state == ActionState.AWAITING_APPROVAL
@@ -146,8 +149,6 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
         },
     )
     if approve:
-        from kestrel_one.execution.services import action_dispatch
-
         transaction.on_commit(lambda: action_dispatch(action_id=action.pk))
     return approval
 

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
+from django.dispatch import receiver
 from kombu import Exchange
 
+from kestrel_one.celery import app
 from kestrel_one.execution.keys import control_private_key
+from kestrel_one.threads.selectors import thread_scope
+from kestrel_one.threads.signals import thread_ended
 from runners.protocol import command_audience, control_exchange, sign_control_message
 
 logger = logging.getLogger(__name__)
@@ -30,13 +35,21 @@ CONTROL_MESSAGE_TTL_SECONDS = 120
 PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
 
 
+@receiver(thread_ended, dispatch_uid="execution-thread-end-notice")
+def thread_end_notice(sender, thread, **kwargs) -> None:
+    """On a thread's end (inside its transaction): after commit, tell every runner pool the
+    thread's actions were sent to."""
+    pools = sorted(set(thread.actions.values_list("pool", flat=True)))
+    if pools:
+        scope = thread_scope(thread)
+        transaction.on_commit(lambda: thread_end_announce(scope=scope, pools=pools), robust=True)
+
+
 def thread_end_announce(*, scope: dict, pools: list[str]) -> int:
     """Tell every runner of each pool that the thread in ``scope`` ended; how many pools
     were told. Runs after the ending transaction committed; never raises, because the
     thread has ended whether or not the runners hear of it (failures are logged, without
     the token)."""
-    from kestrel_one.celery import app
-
     told = 0
     for pool in pools:
         try:

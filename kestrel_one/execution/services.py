@@ -17,8 +17,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from kestrel_one.accounts.principal import runner_principal, system_principal
-from kestrel_one.artifacts.services import artifacts_capture
+from kestrel_one.artifacts.capture import artifacts_capture
 from kestrel_one.audit.services import audit_record, audit_refusal_record
+from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status, broker_unavailable_message
 from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
@@ -34,6 +35,7 @@ from kestrel_one.execution.models import (
 from kestrel_one.governance.judging import decide_call, tool_call_request
 from kestrel_one.governance.selectors import effective_policy
 from kestrel_one.threads.models import Thread
+from kestrel_one.threads.selectors import scope_of
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, resolve_mode
 from runners.protocol import (
@@ -75,12 +77,13 @@ def command_limits(decision_limits) -> dict:
 
 
 def action_scope(action: Action) -> dict:
-    return {
-        "org": action.organization.public_id,
-        "env": action.environment.public_id,
-        "prj": action.project.public_id,
-        "thr": action.thread.public_id,
-    }
+    """The scope the action was recorded in (its own environment, should the project move)."""
+    return scope_of(
+        organization=action.organization,
+        environment=action.environment,
+        project=action.project,
+        thread=action.thread,
+    )
 
 
 def _plan_step(*, thread, plan_id: str, step: int, tool: str, args_digest: str):
@@ -142,12 +145,12 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         broker = broker_status()
         if not broker.reachable:
             raise Unavailable(broker_unavailable_message(broker))
-    scope = {
-        "org": project.organization.public_id,
-        "env": project.environment.public_id,
-        "prj": project.public_id,
-        "thr": thread.public_id,
-    }
+    scope = scope_of(
+        organization=project.organization,
+        environment=project.environment,
+        project=project,
+        thread=thread,
+    )
     flags = injection_flags(canonical)
     # Checked again under the thread's lock: the thread may have ended since it was read.
     thread_require_open(thread=thread)
@@ -275,8 +278,6 @@ def _signed_command(action: Action) -> str:
 
 def _command_send(action: Action, token: str) -> bool:
     """Hand a signed command to the broker, then mark the action dispatched."""
-    from kestrel_one.celery import app
-
     if not broker_status().reachable:
         # Not even tried: a send to a broker that does not answer can block for seconds.
         logger.warning("the broker does not answer; %s waits for the sweep", action.public_id)
@@ -433,8 +434,11 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     )
     never_started = action.state == ActionState.QUEUED or taken_after_all
     # Output past the inline cap and checkpoint archives become artifacts; the action and
-    # its receipt keep the inline part and a reference (docs/records.md).
-    result = artifacts_capture(action=action, result=report.result)
+    # its receipt keep the inline part and a reference (docs/records.md). Only for an
+    # action still in flight: a report on one that already finished changes nothing there.
+    result = report.result
+    if action.state in (ActionState.QUEUED, ActionState.RUNNING):
+        result = artifacts_capture(action=action, result=result)
     state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
     # Tool output is untrusted data: flagged for people, never read as an instruction.
     output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import structlog
 from django.db import OperationalError
 
+from kestrel_one.accounts.services import sign_in_attempts_expire
 from kestrel_one.celery import app
 from kestrel_one.execution.heartbeats import HeartbeatRefused, runner_heartbeat_record
+from kestrel_one.execution.retention import retention_sweep
 from kestrel_one.execution.services import ReportRefused, calls_sweep, report_ingest
 
 logger = structlog.get_logger(__name__)
@@ -51,3 +53,20 @@ def runner_heartbeat(token: str) -> None:
         logger.warning("runner heartbeat refused", code=refused.code, reason=str(refused))
         return
     logger.debug("runner heartbeat", runner=runner.public_id, sandbox=runner.sandbox)
+
+
+@app.task(name="control.retention", time_limit=1800, soft_time_limit=1700)
+def retention() -> None:
+    """Delete what each organization's retention no longer keeps (beat, hourly by default).
+
+    Not retried: the next scheduled sweep picks up whatever this one did not finish, and each
+    organization's sweep is its own transaction.
+    """
+    swept = retention_sweep()
+    for slug, counts in swept.items():
+        if any(counts.values()):
+            logger.info("retention sweep deleted expired records", organization=slug, **counts)
+    # Not an organization's data: failed console sign-ins, kept only while they can lock out.
+    attempts = sign_in_attempts_expire()
+    if attempts:
+        logger.info("retention sweep deleted expired sign-in attempts", count=attempts)

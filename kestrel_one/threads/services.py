@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import ThreadEnded
 from kestrel_one.common.redaction import bounded
 from kestrel_one.threads.models import Thread, ThreadEvent
 from kestrel_one.threads.notify import action_changed
+from kestrel_one.threads.signals import thread_ended
 from kestrel_one.webhooks.services import webhook_emit_thread_event
 
 EVENT_DATA_MAX_BYTES = 4096
@@ -53,8 +56,6 @@ def _next_event_sequence(thread: Thread) -> int:
 
 @transaction.atomic
 def thread_create(*, actor, project, title: str, mode: str) -> Thread:
-    from kestrel_one.audit.services import audit_record
-
     thread = Thread.objects.create(
         organization=project.organization,
         project=project,
@@ -98,13 +99,10 @@ def thread_end(*, actor, thread: Thread) -> Thread:
 
     Idempotent: ending an ended thread changes and records nothing. Actions already queued
     or running finish and are recorded as usual. After commit, every runner pool the
-    thread's actions were sent to gets a signed ``thread.end`` notice
-    (``kestrel_one.execution.control``); losing it costs only time, the runners' idle
-    timeout removes the containers anyway.
+    thread's actions were sent to gets a signed ``thread.end`` notice: the execution app
+    registers that on ``thread_ended`` (``kestrel_one.execution.control``); losing it costs
+    only time, the runners' idle timeout removes the containers anyway.
     """
-    from kestrel_one.audit.services import audit_record
-    from kestrel_one.execution.control import thread_end_announce
-
     locked = (
         Thread.objects.select_for_update(of=("self",))
         .select_related("project__environment", "organization")
@@ -123,14 +121,33 @@ def thread_end(*, actor, thread: Thread) -> Thread:
         target=locked,
         data={"project": locked.project.public_id},
     )
-    pools = sorted(set(locked.actions.values_list("pool", flat=True)))
-    scope = {
-        "org": locked.organization.public_id,
-        "env": locked.project.environment.public_id,
-        "prj": locked.project.public_id,
-        "thr": locked.public_id,
-    }
-    if pools:
-        transaction.on_commit(lambda: thread_end_announce(scope=scope, pools=pools), robust=True)
+    thread_ended.send(sender=Thread, thread=locked)
     locked.refresh_from_db()
     return locked
+
+
+# --- retention (called by kestrel_one.execution.retention) --------------------------------
+
+
+def threads_trim(*, organization, before, busy) -> list[str]:
+    """Delete whole threads (events, actions, decisions, receipts, plans, share links) whose
+    last event is older than ``before``, except those ``busy`` names: a subquery on
+    ``OuterRef("pk")`` the caller owns (threads with a call still pending). Their ids."""
+    recent_event = ThreadEvent.objects.filter(thread=OuterRef("pk"), created_at__gte=before)
+    threads = Thread.objects.filter(organization=organization, created_at__lt=before).filter(
+        ~Exists(recent_event), ~Exists(busy)
+    )
+    thread_ids = list(threads.values_list("public_id", flat=True))
+    threads.delete()
+    return thread_ids
+
+
+def events_trim(*, organization, before, keep: Q) -> int:
+    """Delete events older than ``before`` in threads still in use, except those ``keep``
+    matches (the caller's: events of calls still pending); how many."""
+    deleted, _ = (
+        ThreadEvent.objects.filter(organization=organization, created_at__lt=before)
+        .exclude(keep)
+        .delete()
+    )
+    return deleted

@@ -119,7 +119,7 @@ def test_the_admin_sign_in_is_locked_out_too(email):
 
 
 def test_the_hourly_sweep_forgets_attempts_whose_lockout_has_passed(email, settings):
-    from kestrel_one.artifacts.tasks import retention
+    from kestrel_one.execution.tasks import retention
 
     fail(email, 2)
     fail("someone@else.example", 1, address="198.51.100.2")

@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from kestrel_one.accounts.scopes import Role
 from kestrel_one.artifacts.models import Artifact, Checkpoint, OrganizationRetention, ShareLink
-from kestrel_one.artifacts.services import retention_sweep, retention_sweep_organization
 from kestrel_one.artifacts.storage import storage_exists
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.models import Action, Receipt
+from kestrel_one.execution.retention import retention_sweep, retention_sweep_organization
 from kestrel_one.threads.models import Thread, ThreadEvent
 from kestrel_one.threads.services import thread_create
 from tests.artifacts.conftest import person

@@ -194,7 +194,7 @@ def test_a_call_outliving_the_started_delay_is_running_before_it_finishes(e2e):
 @pytest.mark.spec("AUD-5", "RUN-6")
 def test_a_checkpoint_is_taken_kept_and_restored_exactly_end_to_end(e2e):
     from kestrel_one.artifacts.models import Checkpoint
-    from kestrel_one.artifacts.services import checkpoint_restore
+    from kestrel_one.execution.checkpoints import checkpoint_restore
 
     assert run(e2e, "fs.write", {"path": "src/app.py", "content": "v1\n"}).result["size"] == 3
     taken = run(e2e, "workspace.checkpoint", {})
