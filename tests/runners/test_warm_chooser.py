@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runners import worker
+from runners import warm_chooser
 from runners.sandbox import SandboxUnavailable, WarmDockerBackend
 from runners.sandbox.docker import DockerBackend
 
@@ -17,18 +17,18 @@ class FakeDocker(DockerBackend):
 
 def test_the_docker_backend_is_chosen_once_and_kept_warm(monkeypatch):
     chosen = []
-    monkeypatch.setattr(worker, "select_backend", lambda p: chosen.append(p) or FakeDocker())
-    monkeypatch.setattr(worker.WarmBackendChooser, "_sweep", lambda self: None)
-    chooser = worker.WarmBackendChooser(idle_seconds=60, max_containers=4, enabled=True)
+    monkeypatch.setattr(warm_chooser, "select_backend", lambda p: chosen.append(p) or FakeDocker())
+    monkeypatch.setattr(warm_chooser.WarmBackendChooser, "_sweep", lambda self: None)
+    chooser = warm_chooser.WarmBackendChooser(idle_seconds=60, max_containers=4, enabled=True)
     first, second = chooser("docker"), chooser("docker")
     assert first is second and isinstance(first, WarmDockerBackend)
     assert first.max_containers == 4 and chosen == ["docker"]
 
 
 def test_turned_off_every_call_runs_fresh(monkeypatch):
-    monkeypatch.setattr(worker, "select_backend", lambda p: FakeDocker())
-    monkeypatch.setattr(worker.WarmBackendChooser, "_sweep", lambda self: None)
-    chooser = worker.WarmBackendChooser.from_environment({"KESTREL_WARM_SANDBOXES": "0"})
+    monkeypatch.setattr(warm_chooser, "select_backend", lambda p: FakeDocker())
+    monkeypatch.setattr(warm_chooser.WarmBackendChooser, "_sweep", lambda self: None)
+    chooser = warm_chooser.WarmBackendChooser.from_environment({"KESTREL_WARM_SANDBOXES": "0"})
     assert chooser("docker").max_containers == 0
 
 
@@ -46,7 +46,7 @@ def test_turned_off_every_call_runs_fresh(monkeypatch):
 )
 def test_bad_warm_settings_are_refused_with_the_variable_named(name, value):
     with pytest.raises(ValueError, match=name):
-        worker.WarmBackendChooser.from_environment({name: value})
+        warm_chooser.WarmBackendChooser.from_environment({name: value})
 
 
 def test_other_choices_and_failures_are_not_cached(monkeypatch):
@@ -59,8 +59,8 @@ def test_other_choices_and_failures_are_not_cached(monkeypatch):
             raise outcome
         return outcome
 
-    monkeypatch.setattr(worker, "select_backend", select)
-    chooser = worker.WarmBackendChooser(idle_seconds=60, max_containers=4, enabled=True)
+    monkeypatch.setattr(warm_chooser, "select_backend", select)
+    chooser = warm_chooser.WarmBackendChooser(idle_seconds=60, max_containers=4, enabled=True)
     with pytest.raises(SandboxUnavailable):
         chooser("auto")
     assert chooser("auto") is other

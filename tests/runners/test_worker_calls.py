@@ -38,6 +38,7 @@ from runners.contract.tokens import (
     token_digest,
     verify_result,
 )
+from runners.runner import Disposition, Runner
 from runners.sandbox import (
     ExecResult,
     ExecSpec,
@@ -46,8 +47,8 @@ from runners.sandbox import (
     SandboxStartFailed,
     SandboxUnavailable,
 )
+from runners.started import StartedReport, daemon_timer
 from runners.tools import processes
-from runners.worker import Disposition, Runner, StartedReport, daemon_timer
 from tests.runners.support import runner_config
 from tests.runners.test_protocol import (
     CONTROL_KEY,

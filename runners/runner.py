@@ -1,0 +1,374 @@
+"""The runner's handling of one command delivery: verify, claim, run, report (``Runner``).
+
+The steps and the guarantees behind them are in docs/runners.md ("One call on the runner").
+``Runner`` holds no Celery: ``runners.worker`` builds one per process and hands it each
+delivery; tests build it directly on real call state.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kombu.exceptions
+import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from runners import dispatch
+from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
+from runners.config import RunnerConfig
+from runners.contract.errors import RunnerError
+from runners.contract.registry import get_tool
+from runners.contract.tokens import (
+    Command,
+    CommandRefused,
+    ControlMessage,
+    ControlRefused,
+    sign_result,
+    token_digest,
+    unverified_call_id,
+    verify_command,
+    verify_control_message,
+)
+from runners.sandbox import (
+    ExecLimits,
+    SandboxBackend,
+    select_backend,
+)
+from runners.started import StartedReport, StartTimer, daemon_timer
+from runners.workspace import workspace_for
+
+# What a receipt names as the sandbox of a tool that starts no process: the workspace, whose
+# openat walk is that tool's whole boundary (RUN-6). A process tool names its backend, or
+# "none" when no backend could be had (it then failed closed without running).
+WORKSPACE_SANDBOX = "workspace"
+NO_SANDBOX = "none"
+
+log = logging.getLogger("kestrel.runner")
+
+
+class Disposition(enum.StrEnum):
+    """What the runner did with one delivery of a command."""
+
+    REFUSED = "refused"  # verification failed; nothing happened
+    RAN = "ran"  # claimed and ran the tool
+    RESENT = "resent"  # the call had ended; its stored result was sent again
+    REPLAYED = "replayed"  # another worker holds a live lease; this copy was dropped
+    RERAN = "reran"  # a dead worker's idempotent call was run again
+    LOST = "lost"  # a dead worker's non-idempotent call was ended runner_lost
+    APPLIED = "applied"  # a control message verified and was acted on
+
+
+@dataclass
+class Runner:
+    """One runner process: its identity and keys, the shared call state, how it reports."""
+
+    config: RunnerConfig
+    private_key: Ed25519PrivateKey
+    control_public_key: Ed25519PublicKey
+    state: CallState
+    report: Callable[[str], None]
+    choose_backend: Callable[[str], SandboxBackend] = select_backend
+    reap_orphans: Callable[[str], int] = field(default=lambda call_id: 0)
+    # (project, thread) -> how many warm containers of the thread were removed.
+    end_thread: Callable[[str, str], int] = field(default=lambda project, thread: 0)
+    # Starts the timer of a delayed "started" report (tests drive it by hand).
+    start_timer: StartTimer = daemon_timer
+
+    # --- entry point ---------------------------------------------------------------
+
+    def handle(self, command_token: Any) -> Disposition:
+        """Deal with one delivery of a command token; see the module docstring."""
+        try:
+            command = self._verify(command_token)
+        except CommandRefused as refused:
+            self._log(
+                "command_refused",
+                level=logging.WARNING,
+                code=refused.code,
+                call_id=unverified_call_id(command_token),
+                call_id_verified=False,
+                message=refused.message,
+            )
+            return Disposition.REFUSED
+        return self._dispatch(command)
+
+    def handle_control(self, token: Any) -> Disposition:
+        """Deal with one control message; see the module docstring.
+
+        Verified exactly like a command (signature, header, claims, audience, time window)
+        and refused, logged and dropped otherwise, before anything is touched.
+        """
+        try:
+            message = verify_control_message(
+                token, control_public_key=self.control_public_key, pool=self.config.pool
+            )
+        except ControlRefused as refused:
+            self._log(
+                "control_refused",
+                level=logging.WARNING,
+                code=refused.code,
+                message=refused.message,
+            )
+            return Disposition.REFUSED
+        # verify_control_message knows no other type; this guard keeps a new one from being
+        # half handled if it is added there first.
+        if message.type != "thread.end":
+            self._log("control_refused", level=logging.WARNING, code="unknown_type")
+            return Disposition.REFUSED
+        self._end_thread(message)
+        return Disposition.APPLIED
+
+    def _end_thread(self, message: ControlMessage) -> None:
+        try:
+            # First, so every other worker process stops keeping the thread warm (a busy
+            # container is removed when its call checks in) before idle ones are removed.
+            self.state.mark_thread_ended(message.prj, message.thr)
+        except redis.RedisError as error:
+            self._log("infrastructure_error", level=logging.ERROR, error=type(error).__name__)
+        removed = self.end_thread(message.prj, message.thr)
+        self._log(
+            "thread_ended",
+            project=message.prj,
+            thread=message.thr,
+            control_message=message.jti,
+            removed_containers=removed,
+        )
+
+    def _verify(self, token: Any) -> Command:
+        try:
+            return verify_command(
+                token, control_public_key=self.control_public_key, pool=self.config.pool
+            )
+        except CommandRefused as refused:
+            if refused.code != "expired":
+                raise
+            # A command redelivered after a crash arrives long after its ~2 minute expiry.
+            # If a runner of this pool accepted this very token in time (the lease records
+            # its digest), judge it as of that moment; any other expired token is refused.
+            call_id = unverified_call_id(token)
+            lease = self.state.lease(call_id) if call_id else None
+            if lease is None or lease.command_digest != token_digest(token):
+                raise
+            return verify_command(
+                token,
+                control_public_key=self.control_public_key,
+                pool=self.config.pool,
+                now=lease.accepted_at,
+            )
+
+    # --- single use of the call id ---------------------------------------------------
+
+    def _dispatch(self, command: Command) -> Disposition:
+        """Claim, recover, resend or drop, decided on the call's state in Redis.
+
+        A live lease is watched for a little while before the copy is dropped: if its
+        holder still beats, this is a duplicate; if the beats have stopped (a worker that
+        died moments ago and whose message was requeued at once), the lease runs out and
+        the call is recovered here instead of being lost.
+        """
+        watched: Lease | None = None
+        deadline = time.monotonic() + self.state.lease_seconds + 2 * HEARTBEAT_SECONDS
+        while True:
+            stored = self.state.stored_result(command.jti)
+            if stored is not None:
+                self._log("result_resent", call_id=command.jti, attempt=command.attempt)
+                self.report(stored)
+                return Disposition.RESENT
+            lease = self.state.claim(
+                command.jti, attempt=command.attempt, command_digest=command.command_digest
+            )
+            if lease is not None:
+                self._run(command, lease)
+                return Disposition.RAN
+            current = self.state.lease(command.jti)
+            if current is not None and current.expired():
+                taken = self.state.take_over(
+                    current, attempt=command.attempt, command_digest=command.command_digest
+                )
+                if taken is not None:
+                    return self._recover(command, taken)
+                continue
+            beating = (
+                watched is not None
+                and current is not None
+                and (current.holder, current.lease_until) != (watched.holder, watched.lease_until)
+            )
+            if beating or time.monotonic() > deadline:
+                self._log(
+                    "command_refused",
+                    level=logging.WARNING,
+                    code="replayed",
+                    call_id=command.jti,
+                    call_id_verified=True,
+                    message="another worker is running this call; this copy was dropped",
+                )
+                return Disposition.REPLAYED
+            watched = watched or current
+            time.sleep(0.25)
+
+    def _recover(self, command: Command, lease: Lease) -> Disposition:
+        """Finish a call whose previous worker died mid-run, without running it twice."""
+        # A dead worker's container may still be running the command; it must not have an
+        # effect after the call is reported, nor beside a second run.
+        reaped = self.reap_orphans(command.jti)
+        if get_tool(command.tool).idempotent:
+            self._log("call_rerun", call_id=command.jti, reaped_containers=reaped)
+            self._run(command, lease)
+            return Disposition.RERAN
+        self._log("call_lost", level=logging.WARNING, call_id=command.jti, reaped_containers=reaped)
+        error = {
+            "code": "runner_lost",
+            "message": (
+                "the runner stopped while running this call; the tool is not idempotent, "
+                "so it was not run again"
+            ),
+        }
+        token = self._finished(command, outcome="failed", result=None, error=error)
+        self.report(self._store(command, token))
+        return Disposition.LOST
+
+    # --- running ----------------------------------------------------------------------
+
+    def _run(self, command: Command, lease: Lease) -> None:
+        with LeaseKeeper(self.state, lease) as keeper:
+            started_at = _utc_now()
+            started = StartedReport(
+                lambda: self._report_started(command, started_at),
+                delay_s=self.config.started_report_delay_s,
+                timer=self.start_timer,
+            )
+            try:
+                outcome, result, error, sandbox = self._execute(command)
+            finally:
+                started.finish()
+            token = self._finished(
+                command,
+                outcome=outcome,
+                result=result,
+                error=error,
+                sandbox=sandbox,
+                started_at=started_at,
+            )
+            final = self._store(command, token)
+        if keeper.lost:
+            self._log("lease_lost", level=logging.WARNING, call_id=command.jti)
+        self._log("call_finished", call_id=command.jti, outcome=outcome, tool=command.tool)
+        self.report(final)
+
+    def _execute(
+        self, command: Command
+    ) -> tuple[str, dict[str, Any] | None, dict[str, str] | None, str | None]:
+        """Run the tool; every failure becomes a typed error, nothing escapes unsandboxed."""
+        backend: SandboxBackend | None = None
+        try:
+            workspace = workspace_for(self.config.workspace_root, command.prj)
+            if get_tool(command.tool).runs_process:
+                backend = self.choose_backend(self.config.sandbox)
+            result = dispatch.run_verified(
+                command.tool,
+                command.args,
+                workspace=workspace,
+                backend=backend,
+                limits=self._limits(command),
+                labels=self._labels(command),
+            )
+        except RunnerError as error:
+            outcome = ("failed", None, {"code": error.code, "message": str(error)})
+            return (*outcome, self._sandbox_name(command, backend))
+        except Exception:
+            log.exception("tool %s crashed in call %s", command.tool, command.jti)
+            error_body = {"code": "internal_error", "message": "the runner failed unexpectedly"}
+            return "failed", None, error_body, self._sandbox_name(command, backend)
+        return "succeeded", result, None, self._sandbox_name(command, backend)
+
+    @staticmethod
+    def _sandbox_name(command: Command, backend: SandboxBackend | None) -> str:
+        if not get_tool(command.tool).runs_process:
+            return WORKSPACE_SANDBOX
+        return backend.name if backend is not None else NO_SANDBOX
+
+    def _limits(self, command: Command) -> ExecLimits:
+        limits = dict(command.limits)
+        # The runner's own ceiling: past it the broker would hand the message out again.
+        limits["timeout_s"] = min(limits["timeout_s"], self.config.max_call_seconds)
+        return ExecLimits(**limits)
+
+    def _labels(self, command: Command) -> dict[str, str]:
+        labels = {"call": command.jti, "project": command.prj, "runner": self.config.runner_id}
+        if command.thr is not None:
+            labels["thread"] = command.thr
+        return labels
+
+    # --- reports ----------------------------------------------------------------------
+
+    def _report_started(self, command: Command, started_at: str) -> None:
+        token = self._sign(
+            command,
+            event="started",
+            outcome=None,
+            result=None,
+            error=None,
+            sandbox=None,
+            started_at=started_at,
+            finished_at=None,
+        )
+        try:
+            self.report(token)
+        except kombu.exceptions.OperationalError:
+            # "started" is informational; the finished report is what must arrive.
+            log.warning("could not send the started report of call %s", command.jti)
+
+    def _finished(
+        self,
+        command: Command,
+        *,
+        outcome: str,
+        result: dict[str, Any] | None,
+        error: dict[str, str] | None,
+        sandbox: str | None = None,
+        started_at: str | None = None,
+    ) -> str:
+        return self._sign(
+            command,
+            event="finished",
+            outcome=outcome,
+            result=result,
+            error=error,
+            sandbox=sandbox,
+            started_at=started_at,
+            finished_at=_utc_now(),
+        )
+
+    def _sign(self, command: Command, **claims: Any) -> str:
+        return sign_result(
+            {
+                "call_id": command.jti,
+                "command_digest": command.command_digest,
+                "attempt": command.attempt,
+                **claims,
+            },
+            self.private_key,
+            self.config.runner_id,
+        )
+
+    def _store(self, command: Command, token: str) -> str:
+        """Store the finished report; the first one stored for a call is the only one."""
+        return self.state.store_result(command.jti, token)
+
+    def _log(self, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
+        record = {"event": event, "runner": self.config.runner_id, **fields}
+        log.log(level, json.dumps(record, sort_keys=True, default=str))
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
