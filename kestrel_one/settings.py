@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from kestrel_one.common.redaction import redact_log_event
 from kestrel_one.local.runtime import runtime_paths
-from runners.brokerurl import kombu_url
+from runners.contract.broker import kombu_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -382,7 +382,7 @@ KESTREL_MAX_WAIT_SECONDS = env_int("KESTREL_MAX_WAIT_SECONDS", 60)
 # Execution needs a broker (Redis). When it does not answer, requests that would run
 # something are refused with a clear error rather than queued where nothing will ever take
 # them (kestrel_one/common/broker.py). REDIS_URL is redis-py's spelling; Celery's (kombu's)
-# differs for a Unix socket (runners/brokerurl.py).
+# differs for a Unix socket (runners/contract/broker.py).
 CELERY_BROKER_URL = kombu_url(REDIS_URL) if REDIS_URL else None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

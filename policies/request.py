@@ -1,8 +1,8 @@
 """What one tool call asks of the policy: the capability it needs and the resources it touches.
 
-This is the contract between the tool registry (``runners.registry``), which turns a tool's
-validated arguments into a ``Request``, and ``policies.decide``, which judges it. Keeping it
-here, in the pure package, lets both sides share it without importing each other.
+This is the contract between the tool registry (``runners.contract.registry``), which turns
+a tool's validated arguments into a ``Request``, and ``policies.decide``, which judges it.
+Keeping it here, in the pure package, lets both sides share it without importing each other.
 """
 
 from __future__ import annotations

@@ -18,7 +18,13 @@ from kestrel_one.artifacts.services import artifact_create
 from kestrel_one.artifacts.storage import sha256_of
 from kestrel_one.common.ids import new_public_id
 from kestrel_one.common.redaction import redact_text
-from runners.registry import MAX_OUTPUT_FILE_BYTES, MAX_OUTPUTS_TOTAL_BYTES, declared_outputs
+from runners.contract.arguments import (
+    MAX_OUTPUT_FILE_BYTES,
+    MAX_OUTPUTS_TOTAL_BYTES,
+    declared_outputs,
+)
+from runners.contract.registry import get_tool
+from runners.contract.toolspec import Captures
 
 # The runner caps a checkpoint archive well below this (runners.tools.checkpoints); the
 # control plane checks again because a report is untrusted data until proven otherwise.
@@ -40,7 +46,7 @@ def artifacts_capture(*, action, result):
     """
     if not isinstance(result, dict):
         return result
-    if action.tool == "workspace.checkpoint":
+    if get_tool(action.tool).captures is Captures.CHECKPOINT:
         return checkpoint_capture(action=action, result=result)
     cap = settings.KESTREL_ARTIFACT_INLINE_BYTES
     kept = dict(result)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-from runners.brokerurl import broker_label, redis_client_url
+from runners.contract.broker import broker_label, redis_client_url
 
 __all__ = ["BrokerStatus", "broker_check", "broker_status", "broker_unavailable_message"]
 

@@ -36,7 +36,7 @@ from kestrel_one.execution.plans import plan_accept, plan_propose
 from kestrel_one.execution.services import action_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.notify import action_watch
-from runners.protocol import digest
+from runners.contract.canonical import digest
 
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 # States that will not change without a person: a long poll stops at them too.

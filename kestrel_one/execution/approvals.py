@@ -23,7 +23,7 @@ from kestrel_one.execution.services import (
 from kestrel_one.governance.selectors import policy_version_label
 from kestrel_one.threads.services import event_append, thread_require_open
 from policies import Mode
-from runners.protocol import digest
+from runners.contract.canonical import digest
 
 
 def require_person(actor, *, requested_by_token=None, act: str = "approve") -> None:

@@ -9,6 +9,7 @@ from kestrel_one.artifacts.models import Checkpoint
 from kestrel_one.artifacts.storage import sha256_of, storage_read
 from kestrel_one.common.errors import Conflict, ValidationFailed
 from kestrel_one.execution.services import action_request
+from runners.tools.checkpoints import WORKSPACE_RESTORE
 
 
 def checkpoint_restore(*, actor, checkpoint: Checkpoint, thread, exact: bool = False):
@@ -30,7 +31,7 @@ def checkpoint_restore(*, actor, checkpoint: Checkpoint, thread, exact: bool = F
     return action_request(
         actor=actor,
         thread=thread,
-        tool="workspace.restore",
+        tool=WORKSPACE_RESTORE.name,
         args={
             "archive_b64": base64.b64encode(archive).decode("ascii"),
             "sha256": checkpoint.artifact.sha256,

@@ -2,7 +2,7 @@
 
 Commands go to ``runner.<pool>``, where exactly one worker takes each. A control message
 must reach every worker of the pool instead, so it is published on the pool's fanout
-exchange (``runners.protocol.control_exchange``), to which each runner worker binds its own
+exchange (``runners.contract.names.control_exchange``), to which each runner worker binds its own
 broadcast queue. On the Redis broker that is PUBLISH/SUBSCRIBE: nothing is stored, and a
 worker that is down or reconnecting misses the message. That is acceptable for what is sent
 here (today only ``thread.end``): a runner's idle timeout and its cleanup at start remove
@@ -24,11 +24,11 @@ from kestrel_one.celery import app
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.threads.selectors import thread_scope
 from kestrel_one.threads.signals import thread_ended
-from runners.protocol import command_audience, control_exchange, sign_control_message
+from runners.contract.names import CONTROL_TASK, command_audience, control_exchange
+from runners.contract.tokens import sign_control_message
 
 logger = logging.getLogger(__name__)
 
-CONTROL_TASK = "runner.control"
 # Long enough for a runner whose every slot is busy to get to it; a runner refuses it after.
 CONTROL_MESSAGE_TTL_SECONDS = 120
 # A notice that may be lost anyway is not worth holding a request for a dead broker.

@@ -10,7 +10,7 @@ from django.utils import timezone
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.execution.models import Runner
-from runners.protocol import load_public_key
+from runners.contract.tokens import load_public_key
 
 POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -16,8 +16,12 @@ from django.utils import timezone
 
 from kestrel_one.common.broker import broker_status
 from kestrel_one.execution.models import Runner
-from runners.heartbeat import HEARTBEAT_INTERVAL_SECONDS
-from runners.protocol import ProtocolError, unverified_runner_id, verify_heartbeat
+from runners.contract.tokens import (
+    HEARTBEAT_INTERVAL_SECONDS,
+    ProtocolError,
+    unverified_runner_id,
+    verify_heartbeat,
+)
 
 __all__ = ["SILENT_AFTER", "execution_health", "runner_heartbeat_record", "runners_up"]
 

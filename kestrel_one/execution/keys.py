@@ -9,7 +9,7 @@ from functools import lru_cache
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from runners.protocol import generate_private_key_pem, load_private_key, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, load_private_key, public_key_pem
 
 
 @lru_cache(maxsize=1)

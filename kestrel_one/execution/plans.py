@@ -18,7 +18,7 @@ from kestrel_one.execution.models import Plan
 from kestrel_one.governance.judging import tool_call_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
-from runners.protocol import digest
+from runners.contract.canonical import digest
 
 
 @transaction.atomic

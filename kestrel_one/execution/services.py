@@ -38,12 +38,12 @@ from kestrel_one.threads.models import Thread
 from kestrel_one.threads.selectors import scope_of
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, resolve_mode
-from runners.protocol import (
+from runners.contract.canonical import digest, token_digest
+from runners.contract.names import COMMAND_ISSUER, EXECUTE_TASK, command_audience, runner_queue
+from runners.contract.tokens import (
     ProtocolError,
     ResultRefused,
-    digest,
     sign_command,
-    token_digest,
     unverified_runner_id,
     verify_result,
 )
@@ -260,8 +260,8 @@ def _signed_command(action: Action) -> str:
     """The command token for ``action``'s current attempt."""
     return sign_command(
         {
-            "iss": "kestrel-control",
-            "aud": f"runner.{action.pool}",
+            "iss": COMMAND_ISSUER,
+            "aud": command_audience(action.pool),
             "jti": action.public_id,
             **action_scope(action),
             "tool": action.tool,
@@ -284,7 +284,7 @@ def _command_send(action: Action, token: str) -> bool:
         _dispatch_pending(action)
         return False
     try:
-        app.send_task("runner.execute", args=[token], queue=f"runner.{action.pool}")
+        app.send_task(EXECUTE_TASK, args=[token], queue=runner_queue(action.pool))
     except Exception:
         logger.exception("dispatch of %s failed; the sweep will send it again", action.public_id)
         _dispatch_pending(action)

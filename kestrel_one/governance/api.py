@@ -14,7 +14,7 @@ from kestrel_one.governance import selectors, services
 from kestrel_one.governance.judging import decide_call, tool_call_request
 from kestrel_one.tenancy.models import Environment
 from policies import render_decision
-from runners.registry import TOOLS
+from runners.contract.registry import TOOLS
 
 READ, PUBLISH = "org:read", "policies:write"
 

@@ -6,8 +6,9 @@ from difflib import get_close_matches
 
 from kestrel_one.common.errors import ValidationFailed
 from policies import DENY, NEEDS_APPROVAL, Decision, Mode, Policy, Request, decide
-from runners.errors import InvalidArguments, UnknownTool
-from runners.registry import TOOLS, get_tool, output_read_requests, validate_args
+from runners.contract.arguments import output_read_requests
+from runners.contract.errors import InvalidArguments, UnknownTool
+from runners.contract.registry import TOOLS, get_tool, validate_args
 
 
 def tool_call_request(tool_name: str, args):

@@ -82,7 +82,7 @@ class RuntimePaths:
 
     @property
     def broker_url(self) -> str:
-        """The embedded broker's address as redis-py reads it (runners.brokerurl)."""
+        """The embedded broker's address as redis-py reads it (runners.contract.broker)."""
         return f"unix://{self.broker_socket}?db=0"
 
     @property

@@ -18,7 +18,7 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
 from kestrel_one.local.runtime import die_with_parent, runtime_paths
-from runners.protocol import generate_private_key_pem, public_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 
 # Only what a process needs to run at all; the runner gets nothing else from our environment.
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "DOCKER_HOST", "VIRTUAL_ENV")

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 
 from kestrel_one.common.broker import broker_status
-from runners.brokerurl import redis_client_url
+from runners.contract.broker import redis_client_url
 
 logger = structlog.get_logger(__name__)
 
