@@ -35,6 +35,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 check-migrations: install
 	DJANGO_SETTINGS_MODULE=kestrel_one.settings_test $(BIN)/python manage.py makemigrations --check --dry-run

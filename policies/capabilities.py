@@ -125,7 +125,8 @@ def _names_widenings(
             f"the {where.parent_label}'s allows only {shown}"
         )
         return [Widening(where.path, message)]
-    canonical = sorted(child)
+    # Only a finite child has finite extras (an unbounded one returned above).
+    canonical = sorted(child) if isinstance(child, frozenset) else []
     return [
         Widening(
             where.item(name, canonical),
@@ -605,6 +606,8 @@ def full_width(capability: str) -> Grant:
     kind = GRANT_KINDS[capability]
     if kind is PathGrant:
         return PathGrant(APPROVAL_NEVER, PathSet([parse_pattern("**")]))
-    if kind in (ShellGrant, CodeGrant):
-        return kind(APPROVAL_NEVER, ceilings=Limits.widest())
+    if kind is ShellGrant:
+        return ShellGrant(APPROVAL_NEVER, ceilings=Limits.widest())
+    if kind is CodeGrant:
+        return CodeGrant(APPROVAL_NEVER, ceilings=Limits.widest())
     return kind(APPROVAL_NEVER)

@@ -19,7 +19,7 @@ patterns is again a single pattern (or nothing), so a meet never has to approxim
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 STAR = "*"
@@ -180,7 +180,7 @@ class PathSet:
     def __bool__(self) -> bool:
         return bool(self.patterns)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[PathPattern]:
         return iter(self.patterns)
 
     def __len__(self) -> int:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
+from typing import Any
 
 # The ceilings a grant gets for limits its document leaves out.
 DEFAULT_LIMITS: Mapping[str, int] = MappingProxyType(
@@ -63,12 +64,11 @@ class Limits:
     @classmethod
     def from_mapping(cls, values: Mapping[str, float]) -> Limits:
         """Ceilings from validated ``values``; names left out get ``DEFAULT_LIMITS``."""
-        return cls(
-            **{
-                name: canonical_number(values.get(name, DEFAULT_LIMITS[name]))
-                for name in LIMIT_NAMES
-            }
-        )
+        # Each value is already the number its field holds (validated, then canonical).
+        ceilings: dict[str, Any] = {
+            name: canonical_number(values.get(name, DEFAULT_LIMITS[name])) for name in LIMIT_NAMES
+        }
+        return cls(**ceilings)
 
     @classmethod
     def widest(cls) -> Limits:

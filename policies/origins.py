@@ -67,10 +67,10 @@ def _host_problem(host: str) -> str | None:
         return "host must not end with '.'"
     if _NUMERIC_HOST.fullmatch(host):
         try:
-            address = ipaddress.IPv4Address(host)
+            ipv4 = ipaddress.IPv4Address(host)
         except ValueError:
             return f"'{host}' is not a canonical dotted IPv4 address"
-        if str(address) != host:
+        if str(ipv4) != host:
             return f"'{host}' is not a canonical dotted IPv4 address"
         return None
     if len(host) > 253:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from policies.capabilities import (
     APPROVAL_NEVER,
@@ -24,6 +24,7 @@ from policies.capabilities import (
     HttpGrant,
     McpGrant,
     ModelGrant,
+    Names,
     PathGrant,
     ServerTools,
     ShellGrant,
@@ -43,7 +44,7 @@ _TOOL_OR_OPERATION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _MAX_DESCRIPTION = 2000
 
 
-class _DuplicateKeys(dict):
+class _DuplicateKeys(dict[str, Any]):
     """A JSON object that repeated some keys; the parser reports them at their path."""
 
     duplicates: tuple[str, ...] = ()
@@ -52,7 +53,11 @@ class _DuplicateKeys(dict):
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = _DuplicateKeys(pairs)
     seen: set[str] = set()
-    duplicates = [key for key, _ in pairs if key in seen or seen.add(key)]
+    duplicates = []
+    for key, _ in pairs:
+        if key in seen:
+            duplicates.append(key)
+        seen.add(key)
     if duplicates:
         result.duplicates = tuple(duplicates)
     return result
@@ -93,7 +98,10 @@ def parse_policy(data: object) -> Policy:
                     grants[name] = grant
     if issues:
         raise PolicyError(issues)
-    return Policy(grants, description=description, source=data)
+    # No issue: the document was an object.
+    return Policy(
+        grants, description=description, source=data if isinstance(data, Mapping) else None
+    )
 
 
 class _Reader:
@@ -112,7 +120,7 @@ class _Reader:
         *,
         required: tuple[str, ...] = (),
         optional: tuple[str, ...] | None = None,
-    ) -> bool:
+    ) -> TypeGuard[Mapping[Any, Any]]:
         """Whether ``value`` is an object; with ``optional`` given, its keys are checked too."""
         if not isinstance(value, Mapping):
             self.issue(path, f"must be an object, not {_type_name(value)}")
@@ -239,7 +247,7 @@ def _paths(reader: _Reader, raw: object, path: str) -> PathGrant | None:
 def _shell(reader: _Reader, raw: object, path: str) -> ShellGrant | None:
     if not reader.mapping(raw, path, optional=("approval", "commands", "limits")):
         return None
-    commands = EVERYTHING
+    commands: Names | None = EVERYTHING
     if "commands" in raw:
         commands = reader.names(raw["commands"], f"{path}.commands", _PROGRAM, "program")
     approval, limits = reader.approval(raw, path), reader.limits(raw, path)

@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,9 +234,7 @@ class Workspace:
             pass
 
     @contextlib.contextmanager
-    def _directory(
-        self, path: str, parts: list[str] | tuple[str, ...], *, create: bool = False
-    ) -> Iterator[int]:
+    def _directory(self, path: str, parts: Sequence[str], *, create: bool = False) -> Iterator[int]:
         """A descriptor for the directory ``parts`` below the root, walked link-free."""
         fd = os.open(self.root, _DIR_FLAGS)
         try:

@@ -54,7 +54,10 @@ OUTPUTS = {
 }
 
 
-def object_schema(properties: Mapping[str, Any], required: list[str], **extra: Any) -> dict:
+def object_schema(
+    properties: Mapping[str, Any], required: list[str], **extra: Any
+) -> dict[str, Any]:
+    """A closed JSON Schema object: exactly ``properties``, ``required`` among them."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",

@@ -96,14 +96,16 @@ def takes(tool: ToolSpec) -> str:
 
 def _field_error(error: jsonschema.exceptions.ValidationError, tool: ToolSpec) -> InvalidArguments:
     field = _field_path(error.absolute_path)
-    instance = error.instance
+    instance: Any = error.instance
+    expected: Any = error.validator_value
+    schema: Any = error.schema
     if not error.absolute_path and error.validator == "type":
         return InvalidArguments(field, f"must be a JSON object of arguments; {takes(tool)}")
     if error.validator == "required":
-        missing = [key for key in error.validator_value if key not in instance]
+        missing = [key for key in expected if key not in instance]
         return InvalidArguments(_field_path([*error.absolute_path, missing[0]]), "is required")
     if error.validator == "additionalProperties":
-        allowed = error.schema.get("properties", {})
+        allowed = schema.get("properties", {})
         unexpected = sorted(str(key) for key in instance if key not in allowed)
         # The caller's own key, echoed bounded: it is what they must remove.
         name = unexpected[0] if len(unexpected[0]) <= 64 else unexpected[0][:64] + "..."
@@ -117,7 +119,7 @@ def _field_error(error: jsonschema.exceptions.ValidationError, tool: ToolSpec) -
         return InvalidArguments(field, "give exactly one of 'argv' or 'script'")
     if error.validator == "propertyNames":
         return InvalidArguments(field, f"{instance!r} is not a valid environment variable name")
-    if error.validator == "pattern" and error.validator_value == NO_NUL:
+    if error.validator == "pattern" and expected == NO_NUL:
         return InvalidArguments(field, "must not contain NUL characters")
     return InvalidArguments(field, error.message)
 

@@ -95,7 +95,9 @@ def checkpoint(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     }
 
 
-def _add_directory(archive, dir_fd: int, prefix: str, budget: _Budget, buffer) -> None:
+def _add_directory(
+    archive: tarfile.TarFile, dir_fd: int, prefix: str, budget: _Budget, buffer: io.BytesIO
+) -> None:
     for name in sorted(os.listdir(dir_fd)):
         if name.startswith(_TEMP_PREFIX):
             continue  # a write in progress; the finished file is what counts
@@ -186,7 +188,7 @@ def restore(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     }
 
 
-def _remove_unlisted(dir_fd: int, prefix: str, keep: set[str]) -> int:
+def _remove_unlisted(dir_fd: int, prefix: str, keep: set[str] | None) -> int:
     """Remove every entry below ``dir_fd`` whose path is not in ``keep``; returns how many.
 
     ``keep`` is None inside a directory that is removed whole. A link is unlinked itself,
