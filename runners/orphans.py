@@ -13,7 +13,7 @@ import docker.errors
 import requests.exceptions
 
 from runners.sandbox.docker import LABEL_PREFIX
-from runners.sandbox.warm import (
+from runners.sandbox.warm_host import (
     containers_running_call,
     remove_idle_warm_containers,
 )

@@ -23,11 +23,8 @@ from runners.sandbox import (
     WarmDockerBackend,
     select_backend,
 )
-from runners.sandbox.warm import (
-    DEFAULT_IDLE_SECONDS,
-    DEFAULT_MAX_CONTAINERS,
-    remove_idle_thread_containers,
-)
+from runners.sandbox.warm import DEFAULT_IDLE_SECONDS, DEFAULT_MAX_CONTAINERS
+from runners.sandbox.warm_host import remove_idle_thread_containers
 
 # Warm sandboxes (runners.sandbox.warm): on unless KESTREL_WARM_SANDBOXES=0. The idle time
 # and the per-host cap are read here rather than in RunnerConfig because they tune a cache,

@@ -14,7 +14,7 @@ from django.db import connection
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.threads.models import Thread
 from runners.sandbox.docker import LABEL_PREFIX
-from runners.sandbox.warm import WARM_LABEL
+from runners.sandbox.warm_host import WARM_LABEL
 from tests.execution.workers import governed_thread, real_workers
 
 # Its own runner id: another suite's runner starting up removes idle warm containers of its

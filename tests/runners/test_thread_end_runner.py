@@ -35,7 +35,7 @@ from runners.dispatch import execute
 from runners.runner import Disposition, Runner
 from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
-from runners.sandbox.warm import WARM_LABEL, warm_container_busy
+from runners.sandbox.warm_host import WARM_LABEL, warm_container_busy
 from runners.warm_chooser import WarmBackendChooser
 from runners.workspace import workspace_for
 from tests.runners.support import RUNNER_REDIS_URL, runner_config, worker_environment

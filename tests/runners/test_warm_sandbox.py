@@ -27,12 +27,13 @@ from runners.sandbox import (
     SandboxUnavailable,
     WarmDockerBackend,
     run_confined,
+    warm_host,
 )
 from runners.sandbox import warm as warm_module
 from runners.sandbox.base import ProbeResult
-from runners.sandbox.warm import (
+from runners.sandbox.warm import AGENT_MOUNT
+from runners.sandbox.warm_host import (
     AGENT_DIR_LABEL,
-    AGENT_MOUNT,
     WARM_LABEL,
     containers_running_call,
     remove_idle_warm_containers,
@@ -587,12 +588,12 @@ def test_the_agent_directory_must_be_the_runners_own_and_closed(tmp_path, monkey
     open_to_others = tmp_path / "open"
     open_to_others.mkdir(mode=0o755)
     open_to_others.chmod(0o755)
-    monkeypatch.setenv(warm_module.AGENT_ROOT_VARIABLE, str(open_to_others))
+    monkeypatch.setenv(warm_host.AGENT_ROOT_VARIABLE, str(open_to_others))
     with pytest.raises(SandboxUnavailable, match="mode 0700"):
-        warm_module.agent_root_directory()
+        warm_host.agent_root_directory()
     made = tmp_path / "made" / "here"
-    monkeypatch.setenv(warm_module.AGENT_ROOT_VARIABLE, str(made))
-    assert warm_module.agent_root_directory() == made
+    monkeypatch.setenv(warm_host.AGENT_ROOT_VARIABLE, str(made))
+    assert warm_host.agent_root_directory() == made
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
 
 

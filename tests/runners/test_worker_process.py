@@ -39,7 +39,7 @@ from runners.contract.tokens import (
     verify_result,
 )
 from runners.sandbox.docker import LABEL_PREFIX
-from runners.sandbox.warm import containers_running_call
+from runners.sandbox.warm_host import containers_running_call
 from tests.runners.support import RUNNER_REDIS_URL, runner_config, worker_environment
 
 pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")]
