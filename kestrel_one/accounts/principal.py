@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kestrel_one.accounts.scopes import LOCAL_AGENT_SCOPES, ROLE_SCOPES, SCOPES, Role
+from kestrel_one.tenancy.models import Membership
 
 
 class PrincipalKind(StrEnum):
@@ -83,8 +84,6 @@ class Principal:
         if self.member_user is None:
             return None
         if organization.pk not in self._memberships:
-            from kestrel_one.tenancy.models import Membership
-
             self._memberships[organization.pk] = (
                 Membership.objects.filter(organization=organization, user=self.member_user)
                 .select_related("user")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
@@ -153,8 +154,6 @@ def sign_in_attempts_expire(*, now: datetime | None = None) -> int:
     django-axes clears them only when someone signs in again, so without this sweep the
     email, address and user agent of an old failure would stay for good.
     """
-    from axes.models import AccessAttempt
-
     cutoff = (now or timezone.now()) - settings.AXES_COOLOFF_TIME
     deleted, _ = AccessAttempt.objects.filter(attempt_time__lt=cutoff).delete()
     return deleted

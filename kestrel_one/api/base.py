@@ -16,6 +16,7 @@ from rest_framework.exceptions import NotFound
 from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.common.errors import PermissionDenied
 from kestrel_one.tenancy.models import Organization, Project
+from kestrel_one.threads.models import Thread
 
 
 def missing_scope_message(principal, scope: str) -> str:
@@ -107,8 +108,6 @@ class ProjectScopedViewSet(OrgScopedViewSet):
     protected_methods = ("resolve_parents",)
 
     def resolve_parents(self, **kwargs) -> None:
-        from kestrel_one.threads.models import Thread
-
         project = (
             Project.objects.visible_to(self.principal, self.organization)
             .select_related("environment", "organization")

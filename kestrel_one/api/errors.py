@@ -7,6 +7,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from kestrel_one.audit.services import audit_authorization_refusal
 from kestrel_one.common.errors import KestrelError
 
 # One message for every 404 (TEN-4: a foreign object is answered exactly like a missing one),
@@ -111,8 +112,6 @@ def _audit_refusal(exc, context) -> None:
     Only views that resolved an organization *through* the principal carry one, so an
     outsider (who gets the 404 before that) can never write into another organization's log.
     """
-    from kestrel_one.audit.services import audit_authorization_refusal
-
     view = context.get("view")
     request = context.get("request")
     organization = getattr(view, "organization", None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import FileResponse
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status
@@ -85,8 +86,6 @@ class ShareLinkSerializer(serializers.ModelSerializer):
         ]
 
     def get_active(self, link) -> bool:
-        from django.utils import timezone
-
         return link.revoked_at is None and link.expires_at > timezone.now()
 
 

@@ -17,10 +17,14 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from kestrel_one.accounts import tokens
+from kestrel_one.accounts.models import ApiToken
+from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.audit.chain import HASHED_FIELDS, chain_hash
 from kestrel_one.audit.models import AuditChain, AuditRecord
 from kestrel_one.common import context
 from kestrel_one.common.redaction import bounded, redact_text
+from kestrel_one.tenancy.models import Organization
 
 AUDIT_DATA_MAX_BYTES = 8192
 REFUSED = "refused"
@@ -89,8 +93,6 @@ def audit_chain_settle(organization) -> int:
 
 def audit_chain_sweep() -> dict[str, int]:
     """Chain whatever a crashed process or a skipped settle left pending, in every organization."""
-    from kestrel_one.tenancy.models import Organization
-
     pending = AuditRecord.objects.filter(sequence__isnull=True).values("organization_id")
     swept = {}
     for organization in Organization.objects.filter(pk__in=pending):
@@ -296,10 +298,6 @@ def audit_authentication_failure(plaintext: str) -> None:
     malformed value is noise anyone can send, and recording it in the named organization
     would let outsiders write into (and flood) a log they cannot read.
     """
-    from kestrel_one.accounts import tokens
-    from kestrel_one.accounts.models import ApiToken
-    from kestrel_one.accounts.principal import Principal, PrincipalKind
-
     key_id = tokens.parse_key_id(plaintext)
     if key_id is None:
         return

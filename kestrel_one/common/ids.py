@@ -11,6 +11,8 @@ import secrets
 import time
 from functools import partial
 
+from django.db import models
+
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 PREFIXES = frozenset(
     {
@@ -62,8 +64,6 @@ def public_id_factory(prefix: str):
 
 
 def PublicIdField(prefix: str):
-    from django.db import models
-
     return models.CharField(
         max_length=40, unique=True, editable=False, default=public_id_factory(prefix)
     )

@@ -32,6 +32,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import unquote
 
+import structlog
+
 from kestrel_one.common.ids import PREFIXES
 
 MASK = "[redacted]"
@@ -322,8 +324,6 @@ def redact_log_event(logger, method_name: str, event_dict: dict) -> dict:
     like everything else.
     """
     if event_dict.get("exc_info"):
-        import structlog
-
         event_dict = structlog.processors.format_exc_info(logger, method_name, event_dict)
     return {
         key: value

@@ -6,5 +6,6 @@ class ExecutionConfig(AppConfig):
     label = "execution"
 
     def ready(self) -> None:
-        # Registers thread_end_notice on threads' thread_ended hook.
+        # Once the apps are loaded (the module reads models): registers thread_end_notice on
+        # threads' thread_ended hook.
         from kestrel_one.execution import control  # noqa: F401

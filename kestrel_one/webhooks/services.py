@@ -23,6 +23,7 @@ from standardwebhooks import Webhook
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.audit.services import audit_record
+from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status
 from kestrel_one.common.errors import Conflict, ValidationFailed
 from kestrel_one.common.redaction import bounded
@@ -47,8 +48,13 @@ from kestrel_one.webhooks.secrets import (
     secret_fingerprint,
     secret_generate,
 )
-from kestrel_one.webhooks.selectors import deliveries_due_filter, endpoints_subscribed
+from kestrel_one.webhooks.selectors import (
+    deliveries_due_filter,
+    deliveries_overdue,
+    endpoints_subscribed,
+)
 
+DELIVER_TASK = "control.webhooks.deliver"  # webhooks.tasks.deliver
 logger = logging.getLogger(__name__)
 
 MAX_ENDPOINTS_PER_ORGANIZATION = 20
@@ -318,11 +324,11 @@ def deliveries_enqueue(*, delivery_ids: list[int], countdown: float = 0) -> None
         # Not even tried: a send to a broker that does not answer can block for seconds.
         logger.warning("the broker does not answer; %d webhook deliveries wait", len(delivery_ids))
         return
-    from kestrel_one.webhooks.tasks import deliver
-
     for delivery_id in delivery_ids:
         try:
-            deliver.apply_async(args=[delivery_id], countdown=countdown or None)
+            # Found by name in the app's registry: webhooks.tasks calls into this module, so
+            # this one does not import it back.
+            app.tasks[DELIVER_TASK].apply_async(args=[delivery_id], countdown=countdown or None)
         except Exception:
             logger.exception("queueing webhook delivery %s failed; the sweep retries", delivery_id)
 
@@ -514,8 +520,6 @@ def delivery_retry(*, actor, delivery: WebhookDelivery) -> WebhookDelivery:
 
 def deliveries_sweep(*, now: datetime | None = None) -> int:
     """Queue again what the normal path lost: overdue retries and expired leases."""
-    from kestrel_one.webhooks.selectors import deliveries_overdue
-
     overdue = deliveries_overdue(now=now or timezone.now())
     if overdue:
         deliveries_enqueue(delivery_ids=overdue)

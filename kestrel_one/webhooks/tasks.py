@@ -7,13 +7,13 @@ from django.conf import settings
 from django.db import OperationalError
 
 from kestrel_one.celery import app
-from kestrel_one.webhooks.services import deliveries_sweep, delivery_attempt
+from kestrel_one.webhooks.services import DELIVER_TASK, deliveries_sweep, delivery_attempt
 
 logger = structlog.get_logger(__name__)
 
 
 @app.task(
-    name="control.webhooks.deliver",
+    name=DELIVER_TASK,
     acks_late=True,
     # Only the database being unreachable retries here; HTTP outcomes are scheduled by the
     # delivery row itself (backoff, lease, sweep), never by Celery's retry.

@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from kestrel_one.accounts.bootstrap import agent_token_create, bootstrap
 from kestrel_one.api.authentication import is_loopback
 from kestrel_one.common.broker import broker_status
 from kestrel_one.local.broker import BrokerNotStarted, EmbeddedBroker
@@ -147,6 +148,8 @@ class Command(BaseCommand):
 
     def _report_sandbox(self) -> None:
         """Say which sandbox the local runner will have; it probes again for itself."""
+        # Here only: the sandbox backends load the Docker SDK, which the web process never
+        # imports (tests/runners/test_web_imports.py).
         from runners.heartbeat import SandboxWatch
         from runners.sandbox import DockerBackend
         from runners.sandbox.docker import DEFAULT_TOOL_IMAGE
@@ -176,8 +179,6 @@ class Command(BaseCommand):
     def _first_run_owner(self, host: str, port: int) -> None:
         if Organization.objects.exists():
             return
-        from kestrel_one.accounts.bootstrap import agent_token_create, bootstrap
-
         with transaction.atomic():
             created = bootstrap(org_slug=LOCAL_ORG, email=LOCAL_OWNER, owner_token=False)
             agent_token = agent_token_create(org_slug=LOCAL_ORG)
@@ -196,6 +197,7 @@ class Command(BaseCommand):
     def _run_web(
         self, host: str, port: int, workers: int, threads: int, paths: RuntimePaths | None
     ) -> None:
+        # Only when serving: gunicorn, and the WSGI application with every route and view.
         from gunicorn.app.base import BaseApplication
 
         from kestrel_one.wsgi import application
