@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from runners.config import RunnerConfig, RunnerConfigError
-from runners.contract.tokens import generate_private_key_pem, load_public_key, public_key_pem
+from runners.config import SANDBOX_CHOICES, RunnerConfig, RunnerConfigError
+from runners.contract.tokens import (
+    HEARTBEAT_SANDBOXES,
+    generate_private_key_pem,
+    load_public_key,
+    public_key_pem,
+)
+from runners.sandbox import BACKEND_FACTORIES
 from runners.worker import celery_settings
 
 pytestmark = pytest.mark.spec("RUN-1", "RUN-7")
@@ -189,3 +195,9 @@ def test_runner_modules_import_without_the_control_plane():
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
+
+
+def test_the_sandbox_names_a_heartbeat_may_carry_are_the_backends_and_none():
+    # The contract cannot import the backends; this keeps its list in step with them.
+    assert frozenset({*BACKEND_FACTORIES, "none"}) == HEARTBEAT_SANDBOXES
+    assert SANDBOX_CHOICES == ("auto", *BACKEND_FACTORIES)
