@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from runners import dispatch
 from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
 from runners.config import RunnerConfig
+from runners.contract.canonical import token_digest
 from runners.contract.errors import RunnerError
 from runners.contract.registry import get_tool
 from runners.contract.tokens import (
@@ -34,7 +35,6 @@ from runners.contract.tokens import (
     ControlMessage,
     ControlRefused,
     sign_result,
-    token_digest,
     unverified_call_id,
     verify_command,
     verify_control_message,

@@ -39,14 +39,12 @@ from runners.contract.names import (
     COMMAND_ISSUER,
     RESULT_AUDIENCE,
     command_audience,
-    control_exchange,
 )
 from runners.contract.registry import get_tool, validate_args
 
 __all__ = [
     "ALGORITHM",
     "COMMAND_CLAIMS",
-    "COMMAND_ISSUER",
     "COMMAND_TYP",
     "CONTROL_CLAIMS",
     "CONTROL_KID",
@@ -61,7 +59,6 @@ __all__ = [
     "LIMIT_KEYS",
     "MAX_COMMAND_LIFETIME_SECONDS",
     "MAX_CONTROL_LIFETIME_SECONDS",
-    "RESULT_AUDIENCE",
     "RESULT_CLAIMS",
     "RESULT_LIFETIME_SECONDS",
     "RESULT_TYP",
@@ -73,10 +70,6 @@ __all__ = [
     "ProtocolError",
     "ResultRefused",
     "RunnerReport",
-    "canonical_json",
-    "command_audience",
-    "control_exchange",
-    "digest",
     "generate_private_key_pem",
     "load_private_key",
     "load_public_key",
@@ -85,7 +78,6 @@ __all__ = [
     "sign_control_message",
     "sign_heartbeat",
     "sign_result",
-    "token_digest",
     "unverified_call_id",
     "unverified_runner_id",
     "verify_command",

@@ -17,7 +17,11 @@ from kestrel_one.execution.services import (
     report_ingest,
 )
 from kestrel_one.threads.models import ThreadEvent
-from runners.contract.tokens import generate_private_key_pem, sign_result, token_digest
+from runners.contract.canonical import token_digest
+from runners.contract.tokens import (
+    generate_private_key_pem,
+    sign_result,
+)
 
 pytestmark = pytest.mark.spec("RUN-7")
 

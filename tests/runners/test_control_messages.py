@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from runners.contract.canonical import canonical_json
+from runners.contract.names import control_exchange
 from runners.contract.tokens import (
     CONTROL_CLAIMS,
     CommandRefused,
     ControlRefused,
-    canonical_json,
-    control_exchange,
     sign_command,
     sign_control_message,
     verify_command,

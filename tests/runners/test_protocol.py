@@ -17,20 +17,18 @@ from typing import Any
 import jwt
 import pytest
 
+from runners.contract.canonical import canonical_json, digest, token_digest
 from runners.contract.tokens import (
     COMMAND_CLAIMS,
     RESULT_CLAIMS,
     CommandRefused,
     ResultRefused,
-    canonical_json,
-    digest,
     generate_private_key_pem,
     load_private_key,
     load_public_key,
     public_key_pem,
     sign_command,
     sign_result,
-    token_digest,
     unverified_call_id,
     unverified_runner_id,
     verify_command,

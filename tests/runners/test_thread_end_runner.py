@@ -24,8 +24,8 @@ from kombu import Exchange
 
 from runners.callstate import CallState
 from runners.config import RunnerConfig
+from runners.contract.names import control_exchange
 from runners.contract.tokens import (
-    control_exchange,
     generate_private_key_pem,
     public_key_pem,
     sign_command,

@@ -27,15 +27,13 @@ import redis
 from runners import dispatch
 from runners.callstate import CallState, Lease, LeaseKeeper
 from runners.config import RunnerConfig
+from runners.contract.canonical import canonical_json, digest, token_digest
 from runners.contract.registry import TOOLS
 from runners.contract.tokens import (
     COMMAND_CLAIMS,
-    canonical_json,
-    digest,
     generate_private_key_pem,
     public_key_pem,
     sign_command,
-    token_digest,
     verify_result,
 )
 from runners.runner import Disposition, Runner

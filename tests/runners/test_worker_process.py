@@ -27,13 +27,13 @@ import redis
 from celery import Celery
 from kombu import Connection
 
+from runners.contract.canonical import token_digest
 from runners.contract.tokens import (
     Heartbeat,
     RunnerReport,
     generate_private_key_pem,
     public_key_pem,
     sign_command,
-    token_digest,
     unverified_call_id,
     verify_heartbeat,
     verify_result,

@@ -13,9 +13,9 @@ from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import Action, Approval, IdempotencyKey, Plan
 from kestrel_one.threads.models import Thread, ThreadEvent
+from runners.contract.names import control_exchange
 from runners.contract.tokens import (
     CommandRefused,
-    control_exchange,
     public_key_pem,
     verify_command,
     verify_control_message,
