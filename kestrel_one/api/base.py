@@ -103,9 +103,17 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
 
 class ProjectScopedViewSet(OrgScopedViewSet):
     """For routes under ``/projects/{prj}/`` (and ``/threads/{thr}/`` below it): the project
-    must be visible to the principal, and the thread is fetched through that project."""
+    must be visible to the principal, and the thread is fetched through that project.
+
+    Parents further down the URL are declared, never looked up by the view: each entry of
+    ``parent_lookups`` is ``(url kwarg, attribute, related name)``, fetched by public id
+    through the related manager of the parent above it (the thread, or the previous entry),
+    and a missing one is the same 404 as a missing project. For example
+    ``(("act", "action", "actions"),)`` sets ``self.action`` from ``self.thread.actions``.
+    """
 
     protected_methods = ("resolve_parents",)
+    parent_lookups: tuple[tuple[str, str, str], ...] = ()
 
     def resolve_parents(self, **kwargs) -> None:
         project = (
@@ -129,3 +137,12 @@ class ProjectScopedViewSet(OrgScopedViewSet):
             # The same row, already loaded with its environment and organization, which
             # every action request reads.
             self.thread.project = project
+        parent = self.thread if self.thread is not None else project
+        for kwarg, attribute, related_name in self.parent_lookups:
+            # Through the parent's related manager: the child is found inside it or not at all,
+            # and keeps the parent already loaded.
+            child = getattr(parent, related_name).filter(public_id=kwargs.get(kwarg)).first()
+            if child is None:
+                raise NotFound()
+            setattr(self, attribute, child)
+            parent = child

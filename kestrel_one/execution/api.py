@@ -2,41 +2,36 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
-from rest_framework.utils.encoders import JSONEncoder
 
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.artifacts.models import Checkpoint
-from kestrel_one.common.errors import Conflict, ValidationFailed, echo
+from kestrel_one.common.errors import ValidationFailed, echo
 from kestrel_one.execution.approvals import approval_decide, verification_record
 from kestrel_one.execution.checkpoints import checkpoint_restore
+from kestrel_one.execution.idempotency import action_request_once
 from kestrel_one.execution.models import (
     TERMINAL_STATES,
     Action,
     ActionState,
     Approval,
-    IdempotencyKey,
     Plan,
     Receipt,
     Verification,
 )
 from kestrel_one.execution.plans import plan_accept, plan_propose
-from kestrel_one.execution.services import action_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.notify import action_watch
-from runners.contract.canonical import digest
 
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 # States that will not change without a person: a long poll stops at them too.
@@ -192,60 +187,24 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
         data = ActionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        status_code, body, action = self._create_once(key, request.data, values, seconds)
+        status_code, body, action = action_request_once(
+            actor=self.principal,
+            thread=self.thread,
+            key=key,
+            raw_body=request.data,
+            tool=values["tool"],
+            args=values["args"],
+            plan_step=values.get("plan_step"),
+            # Waiting without a key: the body is read after the wait, reading it now is waste.
+            render=None if seconds and key is None else self._action_body,
+        )
         if seconds and action is not None:
             action = settle(action, seconds)
             body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
         return Response(body, status=status_code)
 
-    @transaction.atomic
-    def _create_once(self, key, raw_body, values, seconds):
-        """Create the action, or with an Idempotency-Key seen before, replay the first response.
-        Returns the status, the body and the action (None if the replayed request made none).
-
-        The body is None when the caller waits (``seconds``) and no key keeps the first
-        response: the response is then read after the wait, and reading it now is waste.
-        """
-        record = None
-        if key is not None:
-            request_digest = digest({"thread": self.thread.public_id, "body": raw_body})
-            try:
-                with transaction.atomic():
-                    record = IdempotencyKey.objects.create(
-                        organization=self.organization,
-                        actor_id=self.principal.actor_id,
-                        key=key,
-                        request_digest=request_digest,
-                    )
-            except IntegrityError:
-                # A concurrent or earlier request with this key committed first: its response
-                # is the answer, or a 409 when the body differs.
-                first = IdempotencyKey.objects.get(
-                    organization=self.organization, actor_id=self.principal.actor_id, key=key
-                )
-                if first.request_digest != request_digest:
-                    raise Conflict(
-                        "This Idempotency-Key was already used with a different request.",
-                        details={"Idempotency-Key": ["reused with another body"]},
-                    ) from None
-                return first.response_status, first.response_body, first.action
-        action = action_request(
-            actor=self.principal,
-            thread=self.thread,
-            tool=values["tool"],
-            args=values["args"],
-            plan_step=values.get("plan_step"),
-        )
-        if record is None and seconds:
-            return status.HTTP_201_CREATED, None, action
-        body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
-        if record is not None:
-            IdempotencyKey.objects.filter(pk=record.pk).update(
-                action=action,
-                response_status=status.HTTP_201_CREATED,
-                response_body=json.loads(json.dumps(body, cls=JSONEncoder)),
-            )
-        return status.HTTP_201_CREATED, body, action
+    def _action_body(self, action: Action) -> dict:
+        return ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
 
 
 class DecisionSerializer(StrictSerializer):
@@ -316,13 +275,14 @@ class ReceiptSerializer(serializers.ModelSerializer):
 class ReceiptViewSet(ProjectScopedViewSet):
     scope_map = {"GET": "projects:read"}
     queryset = Receipt.objects.none()
+    parent_lookups = (("act", "action", "actions"),)
 
     def restrict(self, queryset):
-        return queryset.filter(action__thread=self.thread).select_related("action")
+        return queryset.filter(action=self.action).select_related("action")
 
     @extend_schema(responses={200: ReceiptSerializer})
     def retrieve(self, request, *args, **kwargs):
-        receipt = self.get_queryset().filter(action__public_id=kwargs.get("act")).first()
+        receipt = self.get_queryset().first()
         if receipt is None:
             raise NotFound()
         return Response(ReceiptSerializer(receipt).data)
@@ -352,20 +312,14 @@ class VerificationViewSet(ProjectScopedViewSet):
 
     scope_map = {"GET": "projects:read", "POST": "projects:write"}
     queryset = Verification.objects.none()
+    parent_lookups = (("act", "action", "actions"),)
 
     def restrict(self, queryset):
-        return queryset.filter(action__thread=self.thread).select_related("action")
-
-    def _action(self, kwargs) -> Action:
-        action = _action_queryset(self.thread).filter(public_id=kwargs.get("act")).first()
-        if action is None:
-            raise NotFound()
-        return action
+        return queryset.filter(action=self.action).select_related("action")
 
     @extend_schema(responses={200: VerificationSerializer(many=True)})
     def list(self, request, *args, **kwargs):
-        action = self._action(kwargs)
-        rows = self.get_queryset().filter(action=action).order_by("public_id")
+        rows = self.get_queryset().order_by("public_id")
         return Response({"results": VerificationSerializer(rows, many=True).data})
 
     @extend_schema(request=VerificationCreateSerializer, responses={201: VerificationSerializer})
@@ -375,7 +329,7 @@ class VerificationViewSet(ProjectScopedViewSet):
         values = data.validated_data
         verification = verification_record(
             actor=self.principal,
-            action=self._action(kwargs),
+            action=self.action,
             accepted=values["accepted"],
             evidence=values["evidence"],
             check_name=values.get("check", ""),

@@ -32,8 +32,7 @@ from kestrel_one.execution.models import (
     Receipt,
     Runner,
 )
-from kestrel_one.governance.judging import decide_call, tool_call_request
-from kestrel_one.governance.selectors import effective_policy
+from kestrel_one.governance.judging import call_judge, tool_call_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.selectors import scope_of
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
@@ -134,11 +133,15 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
             args_digest=args_digest,
         )
     mode = Mode.AGENT if plan else resolve_mode(Mode(thread.mode), wants_plan=False)
-    effective = effective_policy(project=project, principal=actor, mode=mode)
     # Declared outputs are judged as fs.read of each path too (decide_call).
-    decision = decide_call(
-        effective.policy, policy_request, canonical, version=effective.version, mode=mode
+    judged = call_judge(
+        project=project,
+        principal=actor,
+        mode=mode,
+        policy_request=policy_request,
+        canonical=canonical,
     )
+    decision = judged.decision
     if decision.outcome == ALLOW:
         # Only a call that would run now needs the broker. A denial, or a call that waits for
         # a person, is decided and recorded as usual with no broker: the approval dispatches.

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.governance import selectors, services
-from kestrel_one.governance.judging import decide_call, tool_call_request
+from kestrel_one.governance.judging import call_judge, tool_call_request
 from kestrel_one.tenancy.models import Environment
 from policies import render_decision
 from runners.contract.registry import TOOLS
@@ -145,12 +145,14 @@ class ExplainViewSet(ProjectScopedViewSet):
         values = data.validated_data
         mode = selectors.parse_mode(values.get("mode"))
         tool, canonical, policy_request = tool_call_request(values["tool"], values["args"])
-        effective = selectors.effective_policy(
-            project=self.project, principal=self.principal, mode=mode
+        judged = call_judge(
+            project=self.project,
+            principal=self.principal,
+            mode=mode,
+            policy_request=policy_request,
+            canonical=canonical,
         )
-        decision = decide_call(
-            effective.policy, policy_request, canonical, version=effective.version, mode=mode
-        )
+        effective, decision = judged.effective, judged.decision
         return Response(
             {
                 "tool": tool.name,

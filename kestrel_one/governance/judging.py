@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from difflib import get_close_matches
 
 from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.governance.selectors import EffectivePolicy, effective_policy
 from policies import DENY, NEEDS_APPROVAL, Decision, Mode, Policy, Request, decide
 from runners.contract.arguments import output_read_requests
 from runners.contract.errors import InvalidArguments, UnknownTool
@@ -70,3 +72,22 @@ def decide_call(policy: Policy, request: Request, args, *, version: str, mode: M
     if denials:
         return Decision(DENY, decision.capability, tuple(denials), version)
     return Decision(outcome, decision.capability, tuple(reasons), version, decision.limits)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A call judged: the effective policy it was judged by, and the decision."""
+
+    effective: EffectivePolicy
+    decision: Decision
+
+
+def call_judge(*, project, principal, mode: Mode, policy_request: Request, canonical) -> Judgement:
+    """Judge one call in a project for a principal and mode: the one sequence that both an
+    action request (``execution.services.action_request``) and ``explain`` run, so explain
+    answers exactly what a request would meet."""
+    effective = effective_policy(project=project, principal=principal, mode=mode)
+    decision = decide_call(
+        effective.policy, policy_request, canonical, version=effective.version, mode=mode
+    )
+    return Judgement(effective=effective, decision=decision)
