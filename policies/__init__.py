@@ -20,7 +20,7 @@ from policies.capabilities import (
 )
 from policies.decide import ALLOW, DENY, NEEDS_APPROVAL, Decision, decide, render_decision
 from policies.errors import PolicyError, PolicyIssue
-from policies.limits import DEFAULT_LIMITS, LIMIT_NAMES, MAX_LIMITS
+from policies.limits import DEFAULT_LIMITS, INTEGER_LIMITS, LIMIT_NAMES, MAX_LIMITS
 from policies.modes import (
     READ_AND_NETWORK_CAPABILITIES,
     Mode,
@@ -40,6 +40,7 @@ __all__ = [
     "CAPABILITY_NAMES",
     "DEFAULT_LIMITS",
     "DENY",
+    "INTEGER_LIMITS",
     "LIMITED_CAPABILITIES",
     "LIMIT_NAMES",
     "MAX_LIMITS",

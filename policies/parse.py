@@ -373,13 +373,18 @@ def _adapters(reader: _Reader, raw: object, path: str) -> AdapterGrant | None:
     return AdapterGrant(approval, adapters) if adapters else None
 
 
-_PARSERS: Mapping[str, Callable[[_Reader, object, str], Grant | None]] = {
-    "fs.read": _paths,
-    "fs.write": _paths,
-    "shell.exec": _shell,
-    "code.exec": _code,
-    "net.http": _http,
-    "model.invoke": _models,
-    "mcp.call": _mcp,
-    "adapter.invoke": _adapters,
+_Parser = Callable[[_Reader, object, str], Grant | None]
+# One parser per kind of grant; which capability has which kind is GRANT_KINDS' alone, so a
+# new capability of a known kind needs nothing here, and one of a new kind fails at import.
+_PARSER_FOR_KIND: Mapping[type[Grant], _Parser] = {
+    PathGrant: _paths,
+    ShellGrant: _shell,
+    CodeGrant: _code,
+    HttpGrant: _http,
+    ModelGrant: _models,
+    McpGrant: _mcp,
+    AdapterGrant: _adapters,
+}
+_PARSERS: Mapping[str, _Parser] = {
+    name: _PARSER_FOR_KIND[kind] for name, kind in GRANT_KINDS.items()
 }

@@ -18,6 +18,7 @@ from kestrel_one.execution.models import Plan
 from kestrel_one.governance.judging import tool_call_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
+from policies import Mode
 from runners.contract.canonical import digest
 
 
@@ -25,7 +26,7 @@ from runners.contract.canonical import digest
 def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
     if thread.status != Thread.Status.OPEN:
         raise ThreadEnded(THREAD_ENDED_MESSAGE)
-    if thread.mode not in {"plan", "auto"}:
+    if thread.mode not in {Mode.PLAN, Mode.AUTO}:
         raise Conflict(
             f"Plans are proposed in plan (or auto) threads; this thread is in {thread.mode} mode."
         )

@@ -36,7 +36,16 @@ from kestrel_one.governance.judging import call_judge, tool_call_request
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.selectors import scope_of
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
-from policies import ALLOW, DEFAULT_LIMITS, DENY, Mode, resolve_mode
+from policies import (
+    ALLOW,
+    DEFAULT_LIMITS,
+    DENY,
+    INTEGER_LIMITS,
+    LIMIT_NAMES,
+    NEEDS_APPROVAL,
+    Mode,
+    resolve_mode,
+)
 from runners.contract.canonical import digest, token_digest
 from runners.contract.names import COMMAND_ISSUER, EXECUTE_TASK, command_audience, runner_queue
 from runners.contract.tokens import (
@@ -51,12 +60,10 @@ logger = logging.getLogger(__name__)
 
 STATE_FOR_OUTCOME = {
     ALLOW: ActionState.QUEUED,
-    "needs_approval": ActionState.AWAITING_APPROVAL,
+    NEEDS_APPROVAL: ActionState.AWAITING_APPROVAL,
     DENY: ActionState.DENIED,
 }
 RUNNER_SEEN_RESOLUTION = timedelta(minutes=1)
-# Limits the runner's protocol requires on every command; integers where the engine wants them.
-_INTEGER_LIMITS = {"memory_mb", "pids", "output_kb"}
 
 
 def action_digest(*, scope: dict, tool: str, args_digest: str, policy_version: str) -> str:
@@ -69,9 +76,10 @@ def action_digest(*, scope: dict, tool: str, args_digest: str, policy_version: s
 def command_limits(decision_limits) -> dict:
     limits = {**DEFAULT_LIMITS, **dict(decision_limits)}
     return {
-        name: int(value) if name in _INTEGER_LIMITS else float(value)
+        # Every limit the engine knows goes on every command; integers where it counts things.
+        name: int(value) if name in INTEGER_LIMITS else float(value)
         for name, value in limits.items()
-        if name in {"timeout_s", "memory_mb", "cpus", "pids", "output_kb"}
+        if name in LIMIT_NAMES
     }
 
 

@@ -13,7 +13,7 @@ from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.governance import selectors, services
 from kestrel_one.governance.judging import call_judge, tool_call_request
 from kestrel_one.tenancy.models import Environment
-from policies import render_decision
+from policies import Mode, render_decision
 from runners.contract.registry import TOOLS
 
 READ, PUBLISH = "org:read", "policies:write"
@@ -116,7 +116,7 @@ class EffectivePolicyViewSet(ProjectScopedViewSet):
     scope_map = {"GET": "projects:read"}
 
     @extend_schema(
-        parameters=[OpenApiParameter("mode", str, enum=["agent", "plan", "ask", "auto"])],
+        parameters=[OpenApiParameter("mode", str, enum=[mode.value for mode in Mode])],
         responses={200: OpenApiTypes.OBJECT},
     )
     def retrieve(self, request, *args, **kwargs):

@@ -12,8 +12,9 @@ from kestrel_one.api.params import page_limit, whole_number_param
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.threads.models import Thread, ThreadEvent
 from kestrel_one.threads.services import thread_create, thread_end
+from policies import Mode
 
-MODES = ["ask", "plan", "agent", "auto"]
+MODES = [mode.value for mode in Mode]
 EVENTS_PAGE_MAX = 500
 
 
@@ -42,7 +43,7 @@ class ThreadCreateSerializer(StrictSerializer):
     title = serializers.CharField(max_length=200)
     mode = serializers.ChoiceField(
         choices=MODES,
-        default="ask",
+        default=Mode.ASK.value,
         help_text="ask (default) and plan are read-only; auto resolves each request to ask or "
         "plan; agent executes under policy and approvals.",
     )

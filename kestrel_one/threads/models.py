@@ -5,12 +5,13 @@ from __future__ import annotations
 from django.db import models
 
 from kestrel_one.common.ids import PublicIdField
+from policies import Mode
 
 
 class Thread(models.Model):
     """One conversation or task in a project; actions and events hang off it."""
 
-    MODES = [(m, m) for m in ("ask", "plan", "agent", "auto")]
+    MODES = [(mode.value, mode.value) for mode in Mode]
 
     class Status(models.TextChoices):
         OPEN = "open"
@@ -23,7 +24,7 @@ class Thread(models.Model):
     )
     project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="threads")
     title = models.CharField(max_length=200)
-    mode = models.CharField(max_length=8, choices=MODES, default="agent")
+    mode = models.CharField(max_length=8, choices=MODES, default=Mode.AGENT.value)
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN)
     ended_at = models.DateTimeField(null=True, blank=True)
     # The last event sequence handed out; locking the thread row serializes appends, which
