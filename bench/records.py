@@ -76,8 +76,8 @@ def list_endpoints(sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
 
 
 def _list_organization(slug: str) -> dict[str, Any]:
-    from kestrel_one.accounts.bootstrap import bootstrap
     from kestrel_one.accounts.principal import system_principal
+    from kestrel_one.tenancy.bootstrap import bootstrap
     from kestrel_one.tenancy.models import Organization
     from kestrel_one.tenancy.services import environment_create, project_create
     from kestrel_one.threads.services import thread_create
@@ -246,9 +246,9 @@ def audit_figures(seconds: float, writers: int = 4) -> dict[str, Any]:
     """Appends per second with ``writers`` processes on one organization, then verify."""
     from django.db import connections
 
-    from kestrel_one.accounts.bootstrap import bootstrap
     from kestrel_one.audit.selectors import audit_chain_verify
     from kestrel_one.audit.services import audit_chain_settle
+    from kestrel_one.tenancy.bootstrap import bootstrap
     from kestrel_one.tenancy.models import Organization
 
     bootstrap(org_slug="audit-bench", email="audit@bench.invalid")

@@ -10,9 +10,8 @@ from __future__ import annotations
 import hmac
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import BaseBackend
-
-from kestrel_one.tenancy.models import Membership
 
 # What a server-token attempt counts against in the lockout: there is one such secret.
 SERVER_TOKEN_ATTEMPT = "(server token)"  # noqa: S105 - a label, not the token
@@ -38,13 +37,15 @@ def is_server_token(value: str | None) -> bool:
 def local_owner():
     """The owner whose organizations the local agent acts in; created by ``serve`` on an empty
     database."""
-    membership = (
-        Membership.objects.filter(role="owner", user__is_active=True)
-        .select_related("user")
-        .order_by("created_at")
+    # The person of the oldest active owner membership, read through the reverse relation
+    # (tenancy.Membership.user) so accounts, below tenancy, names no tenancy module; the
+    # ordering reuses the filter's join, so it is that owner membership's creation time.
+    return (
+        get_user_model()
+        .objects.filter(memberships__role="owner", is_active=True)
+        .order_by("memberships__created_at")
         .first()
     )
-    return membership.user if membership else None
 
 
 class ServerTokenBackend(BaseBackend):

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kestrel_one.accounts.scopes import LOCAL_AGENT_SCOPES, ROLE_SCOPES, SCOPES, Role
-from kestrel_one.tenancy.models import Membership
 
 
 class PrincipalKind(StrEnum):
@@ -84,8 +83,10 @@ class Principal:
         if self.member_user is None:
             return None
         if organization.pk not in self._memberships:
+            # Through the person's reverse relation (tenancy.Membership.user), so accounts,
+            # below tenancy, names no tenancy module.
             self._memberships[organization.pk] = (
-                Membership.objects.filter(organization=organization, user=self.member_user)
+                self.member_user.memberships.filter(organization=organization)
                 .select_related("user")
                 .first()
             )

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from kestrel_one.accounts import tokens
 from kestrel_one.accounts.models import ApiToken, User
-from kestrel_one.accounts.principal import Principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.scopes import unknown_scopes
-from kestrel_one.audit.services import audit_record
+from kestrel_one.audit.services import audit_record, audit_refusal_record
 from kestrel_one.common.errors import PermissionDenied, ValidationFailed
 
 # last_used_at is advisory; writing it at most this often keeps authentication read-only
@@ -187,3 +187,38 @@ def user_password_set(*, actor: Principal, user: User, password: str, via: str) 
             data={"via": via},
         )
     return user
+
+
+def audit_authentication_failure(plaintext: str) -> None:
+    """Record a failed sign-in with a token the organization really issued.
+
+    Only the full secret of a known token counts: a wrong secret, an unknown key id or a
+    malformed value is noise anyone can send, and recording it in the named organization
+    would let outsiders write into (and flood) a log they cannot read.
+    """
+    key_id = tokens.parse_key_id(plaintext)
+    if key_id is None:
+        return
+    token = ApiToken.objects.select_related("organization", "user").filter(key_id=key_id).first()
+    if token is None or not tokens.matches(plaintext, token.secret_hash):
+        return
+    reason = _token_refusal_reason(token, now=timezone.now())
+    if reason is None:
+        return
+    audit_refusal_record(
+        organization=token.organization,
+        actor=Principal(PrincipalKind.TOKEN, user=token.user, token=token),
+        action="auth.refused",
+        target=token,
+        data={"reason": reason},
+    )
+
+
+def _token_refusal_reason(token, *, now: datetime) -> str | None:
+    if token.revoked_at is not None:
+        return "revoked"
+    if token.expires_at <= now:
+        return "expired"
+    if token.user is not None and not token.user.is_active:
+        return "user_inactive"
+    return None

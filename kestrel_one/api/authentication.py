@@ -16,8 +16,7 @@ from rest_framework.authentication import BaseAuthentication
 
 from kestrel_one.accounts.backends import is_server_token, local_owner
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.services import token_authenticate
-from kestrel_one.audit.services import audit_authentication_failure
+from kestrel_one.accounts.services import audit_authentication_failure, token_authenticate
 
 TOKEN_HEADER = "HTTP_X_KESTREL_TOKEN"  # noqa: S105 - a header name
 

@@ -68,3 +68,9 @@ class AuditRecord(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.sequence} {self.action} by {self.actor_id}"
+
+
+def organization_model():
+    """The model the log belongs to (tenancy's Organization), read from the records' foreign
+    key: audit is the lowest of the apps and names no module of the apps above it."""
+    return AuditRecord._meta.get_field("organization").related_model

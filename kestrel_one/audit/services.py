@@ -17,14 +17,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from kestrel_one.accounts import tokens
-from kestrel_one.accounts.models import ApiToken
-from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.audit.chain import HASHED_FIELDS, chain_hash
-from kestrel_one.audit.models import AuditChain, AuditRecord
+from kestrel_one.audit.models import AuditChain, AuditRecord, organization_model
 from kestrel_one.common import context
 from kestrel_one.common.redaction import bounded, redact_text
-from kestrel_one.tenancy.models import Organization
 
 AUDIT_DATA_MAX_BYTES = 8192
 REFUSED = "refused"
@@ -95,7 +91,7 @@ def audit_chain_sweep() -> dict[str, int]:
     """Chain whatever a crashed process or a skipped settle left pending, in every organization."""
     pending = AuditRecord.objects.filter(sequence__isnull=True).values("organization_id")
     swept = {}
-    for organization in Organization.objects.filter(pk__in=pending):
+    for organization in organization_model().objects.filter(pk__in=pending):
         swept[organization.slug] = audit_chain_settle(organization)
     return swept
 
@@ -291,41 +287,6 @@ def audit_authorization_refusal(*, organization, actor, method: str, path: str, 
     )
 
 
-def audit_authentication_failure(plaintext: str) -> None:
-    """Record a failed sign-in with a token the organization really issued.
-
-    Only the full secret of a known token counts: a wrong secret, an unknown key id or a
-    malformed value is noise anyone can send, and recording it in the named organization
-    would let outsiders write into (and flood) a log they cannot read.
-    """
-    key_id = tokens.parse_key_id(plaintext)
-    if key_id is None:
-        return
-    token = ApiToken.objects.select_related("organization", "user").filter(key_id=key_id).first()
-    if token is None or not tokens.matches(plaintext, token.secret_hash):
-        return
-    reason = _token_refusal_reason(token, now=timezone.now())
-    if reason is None:
-        return
-    audit_refusal_record(
-        organization=token.organization,
-        actor=Principal(PrincipalKind.TOKEN, user=token.user, token=token),
-        action="auth.refused",
-        target=token,
-        data={"reason": reason},
-    )
-
-
-def _token_refusal_reason(token, *, now: datetime) -> str | None:
-    if token.revoked_at is not None:
-        return "revoked"
-    if token.expires_at <= now:
-        return "expired"
-    if token.user is not None and not token.user.is_active:
-        return "user_inactive"
-    return None
-
-
 @transaction.atomic
 def audit_trim(*, organization, actor, before: datetime) -> AuditRecord:
     """Delete the oldest records (those created before ``before``) and anchor what remains.
@@ -376,7 +337,6 @@ def audit_trim(*, organization, actor, before: datetime) -> AuditRecord:
 
 
 __all__ = [
-    "audit_authentication_failure",
     "audit_authorization_refusal",
     "audit_chain_settle",
     "audit_chain_sweep",

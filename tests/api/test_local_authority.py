@@ -12,8 +12,8 @@ import pytest
 from django.db import transaction
 from rest_framework.test import APIClient
 
-from kestrel_one.accounts.bootstrap import agent_token_create
 from kestrel_one.accounts.scopes import LOCAL_AGENT_SCOPES, SCOPES
+from kestrel_one.tenancy.bootstrap import agent_token_create
 from tests.api.routes import BODIES, call, database_fingerprint, fill, org_scoped_routes
 
 pytestmark = pytest.mark.spec("LOCAL-2", "POL-5")

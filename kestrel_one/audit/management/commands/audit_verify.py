@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from kestrel_one.audit.models import organization_model
 from kestrel_one.audit.selectors import audit_chain_verify
 from kestrel_one.audit.services import audit_chain_settle
-from kestrel_one.tenancy.models import Organization
 
 EXIT_BROKEN = 1
 
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--org", required=True, metavar="SLUG", help="organization slug")
 
     def handle(self, *args, org: str, **options):
-        organization = Organization.objects.filter(slug=org).first()
+        organization = organization_model().objects.filter(slug=org).first()
         if organization is None:
             raise CommandError(f"No organization with slug {org!r}.", returncode=2)
         audit_chain_settle(organization)

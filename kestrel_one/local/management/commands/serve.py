@@ -11,7 +11,6 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from kestrel_one.accounts.bootstrap import agent_token_create, bootstrap
 from kestrel_one.api.authentication import is_loopback
 from kestrel_one.common.broker import broker_status
 from kestrel_one.local.broker import BrokerNotStarted, EmbeddedBroker
@@ -24,6 +23,7 @@ from kestrel_one.local.runtime import (
     runtime_paths,
 )
 from kestrel_one.local.workers import start_local_workers, stop_local_workers
+from kestrel_one.tenancy.bootstrap import agent_token_create, bootstrap
 from kestrel_one.tenancy.models import Organization
 
 LOCAL_ORG = "local"

@@ -4,8 +4,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.core.validators import validate_email
 
-from kestrel_one.accounts.bootstrap import bootstrap
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.tenancy.bootstrap import bootstrap
 
 
 class Command(BaseCommand):
