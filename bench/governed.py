@@ -10,6 +10,7 @@ go through HTTP with ``?wait=``, exactly as an agent makes them; the baselines a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BROKER = "redis://127.0.0.1:6379/9"
 IMAGE = "kestrel/tool-runtime:latest"
 COMMAND = ["echo", "hi"]
+OWNER = "owner@localhost"  # the owner serve makes on its first start
 POLICY = {
     "capabilities": {
         "shell.exec": {"approval": "never", "limits": {"timeout_s": 30}},
@@ -107,17 +109,29 @@ def scratch_database(admin_url: str, name: str) -> Iterator[str]:
 @dataclass
 class Server:
     base: str
+    # The agent token serve prints: what every measured call sends.
     token: str
+    # A person's token (the owner's, from bootstrap): only the setup uses it.
+    person_token: str
     log: Path
     process: subprocess.Popen
 
-    def call(self, method: str, path: str, body: Any = None, expect: int = 200) -> dict:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        expect: int = 200,
+        *,
+        as_person: bool = False,
+    ) -> dict:
+        token = self.person_token if as_person else self.token
         response = self.session().request(
             method,
             f"{self.base}/api/v1{path}",
             json=body,
             timeout=120,
-            headers={"Authorization": f"Bearer {self.token}"},
+            headers={"Authorization": f"Bearer {token}"},
         )
         if response.status_code != expect:
             raise RuntimeError(f"{method} {path}: {response.status_code} {response.text[:500]}")
@@ -168,10 +182,24 @@ def serve(database_url: str) -> Iterator[Server]:
                 break
             except requests.RequestException:
                 time.sleep(0.2)
-        found = re.search(r"API token: (kst_\S+)", log_path.read_text())
+        found = re.search(r"Agent token: (kst_\S+)", log_path.read_text())
         if found is None:
-            raise RuntimeError("serve printed no API token:\n" + log_path.read_text()[-3000:])
-        yield Server(base=base, token=found.group(1), log=log_path, process=process)
+            raise RuntimeError("serve printed no agent token:\n" + log_path.read_text()[-3000:])
+        person = subprocess.run(
+            [sys.executable, "manage.py", "bootstrap", "--org", "local", "--email", OWNER],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        yield Server(
+            base=base,
+            token=found.group(1),
+            person_token=json.loads(person.stdout)["token"],
+            log=log_path,
+            process=process,
+        )
     finally:
         process.terminate()
         try:
@@ -218,10 +246,15 @@ class Workspace:
 
 
 def prepare(server: Server) -> Workspace:
-    env = server.call("POST", "/orgs/local/environments", {"name": "bench"}, 201)
-    server.call("PUT", f"/orgs/local/environments/{env['id']}/policy", POLICY)
+    """The environment, its policy and the project: a person's work, not the agent's."""
+    env = server.call("POST", "/orgs/local/environments", {"name": "bench"}, 201, as_person=True)
+    server.call("PUT", f"/orgs/local/environments/{env['id']}/policy", POLICY, as_person=True)
     project = server.call(
-        "POST", "/orgs/local/projects", {"name": "bench", "environment": env["id"]}, 201
+        "POST",
+        "/orgs/local/projects",
+        {"name": "bench", "environment": env["id"]},
+        201,
+        as_person=True,
     )
     return Workspace(server, f"/orgs/local/projects/{project['id']}/threads")
 
