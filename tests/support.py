@@ -3,7 +3,9 @@ started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -59,8 +61,16 @@ def manage(env, *args: str) -> subprocess.CompletedProcess:
 class Server:
     def __init__(self, env, argv: list[str], port: int):
         self.port = port
+        # A session of its own, so that stop() can end every process serve started, even one
+        # that outlived serve (it would hold the output pipe open and stop() would never end).
         self.process = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
 
     def wait_ready(self, host: str = "127.0.0.1") -> None:
@@ -77,10 +87,17 @@ class Server:
         raise AssertionError("server did not become ready")
 
     def stop(self) -> str:
+        """Stop serve as an operator would (SIGTERM); past a minute, kill what is left of it.
+        Either way nothing it started is left running."""
         self.process.terminate()
         try:
-            output, _ = self.process.communicate(timeout=20)
+            output, _ = self.process.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self._kill_session()
             output, _ = self.process.communicate()
+        self._kill_session()
         return output
+
+    def _kill_session(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
