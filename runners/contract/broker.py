@@ -29,26 +29,25 @@ def is_redis_url(url: str) -> bool:
 
 def redis_client_url(url: str) -> str:
     """``url`` as redis-py's ``Redis.from_url`` reads it."""
-    parts = urlsplit(url)
-    if parts.scheme != "redis+socket":
-        return url
-    query = dict(parse_qsl(parts.query))
-    db = query.pop("virtual_host", None)
-    if db is not None:
-        query["db"] = db
-    return _unparse("unix", parts.netloc, parts.path, query)
+    return _respell(url, scheme=("redis+socket", "unix"), database=("virtual_host", "db"))
 
 
 def kombu_url(url: str) -> str:
     """``url`` as kombu's Redis transport reads it (Celery's ``broker_url``)."""
+    return _respell(url, scheme=("unix", "redis+socket"), database=("db", "virtual_host"))
+
+
+def _respell(url: str, *, scheme: tuple[str, str], database: tuple[str, str]) -> str:
+    """A socket URL in the other client's spelling: its scheme and the name of the query
+    parameter that picks the database, each ``(from, to)``; any other URL unchanged."""
     parts = urlsplit(url)
-    if parts.scheme != "unix":
+    if parts.scheme != scheme[0]:
         return url
     query = dict(parse_qsl(parts.query))
-    db = query.pop("db", None)
+    db = query.pop(database[0], None)
     if db is not None:
-        query["virtual_host"] = db
-    return _unparse("redis+socket", parts.netloc, parts.path, query)
+        query[database[1]] = db
+    return _unparse(scheme[1], parts.netloc, parts.path, query)
 
 
 def broker_label(url: str | None) -> str:
