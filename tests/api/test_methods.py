@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.api.routes import org_scoped_routes
 from tests.api.test_cross_tenant import fill
-
-pytestmark = pytest.mark.spec("API-6")
 
 
 def test_options_is_a_405_error_on_every_route(world):

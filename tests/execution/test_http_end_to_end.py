@@ -23,6 +23,20 @@ BROKER = os.environ.get("TEST_E2E_REDIS_URL", "redis://127.0.0.1:6379/10")  # fl
 pytestmark = pytest.mark.docker
 
 OWNER = "owner@localhost"  # the owner serve makes on its first start
+# The script the agent writes and then asks to run: it says what the call can see of its sandbox.
+HELLO = """echo shipped
+echo "uid=$(id -u)"
+echo "net=$(ls /sys/class/net | tr '\\n' ' ' | sed 's/ $//')"
+if touch /rootfs-probe 2>/dev/null; then echo root=rw; else echo root=ro; fi
+echo "caps=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)"
+echo "nnp=$(sed -n 's/^NoNewPrivs:[[:space:]]*//p' /proc/self/status)"
+echo "pids=$(cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max)"
+v1=/sys/fs/cgroup/memory/memory.limit_in_bytes
+echo "memory=$(cat $v1 2>/dev/null || cat /sys/fs/cgroup/memory.max)"
+echo "tmpdir=$TMPDIR"
+if touch "$TMPDIR/probe"; then echo tmpdir_writable=yes; else echo tmpdir_writable=no; fi
+"""
+
 POLICY = {
     "capabilities": {
         "fs.read": {"paths": ["**"]},
@@ -120,7 +134,7 @@ def test_shell_call_waits_for_a_person_then_runs_with_receipt_and_events(server)
         "POST",
         f"{actions}?wait=60",
         agent_token,
-        {"tool": "fs.write", "args": {"path": "hello.sh", "content": "echo shipped\n"}},
+        {"tool": "fs.write", "args": {"path": "hello.sh", "content": HELLO}},
         201,
     )
     assert wrote["state"] == "succeeded", wrote
@@ -147,7 +161,17 @@ def test_shell_call_waits_for_a_person_then_runs_with_receipt_and_events(server)
     finished = call(server, "GET", f"{action}?wait=60", agent_token)
     assert finished["state"] == "succeeded", finished
     assert finished["result"]["exit_code"] == 0
-    assert finished["result"]["stdout"] == "shipped\n"
+    first, *probe = finished["result"]["stdout"].splitlines()
+    assert first == "shipped"
+    # What the call saw of its own sandbox (RUN-3), through the whole stack.
+    seen = dict(line.split("=", 1) for line in probe)
+    assert seen["uid"] != "0"
+    assert seen["net"] == "lo"  # no network but loopback
+    assert seen["root"] == "ro"
+    assert seen["caps"] == "0000000000000000" and seen["nnp"] == "1"
+    assert seen["pids"].isdigit() and seen["memory"].isdigit()
+    assert int(seen["memory"]) < 2**40  # a limit, not the unlimited sentinel
+    assert seen["tmpdir"] not in {"", "/tmp"} and seen["tmpdir_writable"] == "yes"
 
     receipt = call(server, "GET", f"{action}/receipt", agent_token)
     assert receipt["call_id"] == requested["id"]

@@ -73,7 +73,6 @@ def test_files_past_the_total_cap_are_too_large(tmp_path):
 
 
 @pytest.mark.docker
-@pytest.mark.spec("RUN-3")
 def test_shell_exec_returns_the_file_it_declared(
     docker_backend, docker_client, workspace, call_labels
 ):

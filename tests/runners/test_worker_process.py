@@ -25,6 +25,7 @@ import docker
 import pytest
 import redis
 from celery import Celery
+from django.conf import settings
 from kombu import Connection
 
 from runners.contract.canonical import token_digest
@@ -47,6 +48,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.spec("RUN-1", "RUN-2", "RUN-7")]
 REPO = Path(__file__).resolve().parents[2]
 MAX_CALL_SECONDS = 20  # visibility timeout 80 s: a killed worker's calls come back quickly
 PROJECT = "prj_01JPROCESS"
+# Names a process may add to the environment it was started with (Celery marks its pool).
+PROCESS_ADDED_NAMES = frozenset()
 LIMITS = {"timeout_s": 15, "memory_mb": 128, "cpus": 1, "pids": 64, "output_kb": 64}
 
 
@@ -75,6 +78,23 @@ class RunnerProcess:
             what="the runner worker to be ready",
             detail=self.log_tail,
         )
+
+    def environments(self) -> dict[int, dict[str, str]]:
+        """The environment of every live process in the worker's session, from /proc."""
+        assert self.process is not None
+        found: dict[int, dict[str, str]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry.name)) != self.process.pid:
+                    continue
+                raw = (entry / "environ").read_bytes()
+            except (ProcessLookupError, FileNotFoundError, PermissionError):
+                continue
+            pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+            found[int(entry.name)] = {k.decode(): v.decode(errors="replace") for k, v in pairs}
+        return found
 
     def kill(self) -> None:
         """SIGKILL the worker and its pool children at once, like a lost host."""
@@ -238,10 +258,18 @@ def runner_setup(tmp_path: Path, workspace_root: Path, docker_backend, broker):
 
 def test_round_trip_write_read_exec_through_docker(runner_setup, workspace_root):
     runner, control = runner_setup
-    assert not any("DATABASE" in name or "SECRET" in name for name in runner.env)
     # Longer than any of these calls can take: each sends its finished report only.
     runner.env["KESTREL_STARTED_REPORT_DELAY_SECONDS"] = "600"
     runner.start()
+    # What the running worker and its pool children really hold, read from /proc: no
+    # database, no control-plane secret, nothing of the test process beyond what it was given.
+    environments = runner.environments()
+    assert len(environments) >= 2, "expected the worker and its pool children"
+    for environ in environments.values():
+        assert not {name for name in environ if "DATABASE" in name or "SECRET" in name}
+        assert "DJANGO_SETTINGS_MODULE" not in environ
+        assert set(environ) - set(runner.env) <= PROCESS_ADDED_NAMES, set(environ) - set(runner.env)
+        assert settings.SECRET_KEY not in "\0".join(environ.values())
 
     write = control.command("fs.write", {"path": "notes/hello.txt", "content": "hello, kestrel"})
     control.send(write)
