@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from kestrel_one.audit.models import AuditRecord
-from tests.audit.helpers import append_records
+from tests.audit.helpers import append_records, tampering
 from tests.factories import OrganizationFactory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,8 @@ def test_exit_codes_of_a_real_process():
     assert "intact, 12 record(s)" in intact.stdout
 
     record = AuditRecord.objects.get(organization=organization, sequence=5)
-    AuditRecord.objects.filter(pk=record.pk).update(action="token.revoke")  # skips hashing
+    with tampering():
+        AuditRecord.objects.filter(pk=record.pk).update(action="token.revoke")  # skips hashing
     broken = run_command("--org", "verify-me")
     assert broken.returncode == 1
     assert f"record #5 ({record.public_id})" in broken.stderr
@@ -81,7 +82,8 @@ def test_call_command_reports_intact_and_broken_chains(db):
     call_command("audit_verify", "--org", "in-process", stdout=out)
     assert "intact" in out.getvalue()
 
-    AuditRecord.objects.filter(organization=organization, sequence=4).delete()
+    with tampering():
+        AuditRecord.objects.filter(organization=organization, sequence=4).delete()
     err = StringIO()
     with pytest.raises(SystemExit) as exit_info:
         call_command("audit_verify", "--org", "in-process", stderr=err)
