@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from kestrel_one.api.base import OrgScopedViewSet
 from kestrel_one.api.pagination import PublicIdCursorPagination
 from kestrel_one.api.serializers import StrictSerializer
-from kestrel_one.audit.heads import audit_head_signed
+from kestrel_one.audit.heads import audit_head_sign
 from kestrel_one.audit.models import AuditChain, AuditRecord
 from kestrel_one.audit.selectors import audit_records_filter
 from kestrel_one.audit.services import audit_chain_settle
@@ -148,4 +148,4 @@ class AuditHeadViewSet(OrgScopedViewSet):
     @extend_schema(responses={200: AuditHeadSerializer})
     def retrieve(self, request, *args, **kwargs):
         audit_chain_settle(self.organization)  # what is committed is in the head
-        return Response(audit_head_signed(self.organization))
+        return Response(audit_head_sign(self.organization))

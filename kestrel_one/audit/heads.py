@@ -37,7 +37,7 @@ class HeadRefused(Exception):
     """A head that does not verify: bad signature, unknown key, or not this organization's."""
 
 
-def audit_head_signed(organization) -> dict[str, Any]:
+def audit_head_sign(organization) -> dict[str, Any]:
     """The organization's chain head now, signed. The caller settles pending records first."""
     head = AuditChain.objects.filter(organization=organization).first()
     claims = {
@@ -155,6 +155,6 @@ __all__ = [
     "HeadCheck",
     "HeadRefused",
     "audit_head_check",
-    "audit_head_signed",
+    "audit_head_sign",
     "verified_head_claims",
 ]
