@@ -3,7 +3,7 @@
 from django.urls import path
 
 from kestrel_one.accounts.api import TokenViewSet
-from kestrel_one.api.views import DocsView, HealthView, SchemaView
+from kestrel_one.api.views import DocsView, HealthView, KeysView, SchemaView
 from kestrel_one.artifacts.api import (
     ArtifactShareViewSet,
     ArtifactViewSet,
@@ -15,7 +15,7 @@ from kestrel_one.artifacts.api import (
     ShareLinkViewSet,
     ThreadShareViewSet,
 )
-from kestrel_one.audit.api import AuditRecordViewSet
+from kestrel_one.audit.api import AuditHeadViewSet, AuditRecordViewSet
 from kestrel_one.execution.api import (
     ActionDecisionViewSet,
     ActionViewSet,
@@ -59,6 +59,7 @@ urlpatterns = [
     path("schema", SchemaView.as_view(), name="schema"),
     path("docs", DocsView.as_view(url_name="api:schema"), name="docs"),
     path("tools", ToolInventoryView.as_view(), name="tools"),
+    path("keys", KeysView.as_view(), name="keys"),
     path("orgs", OrganizationListViewSet.as_view({"get": "list"}), name="org-list"),
     path(ORG, OrganizationViewSet.as_view({"get": "retrieve"}), name="org-detail"),
     path(f"{ORG}/members", MembershipViewSet.as_view(LIST), name="member-list"),
@@ -98,6 +99,7 @@ urlpatterns = [
         name="project-explain",
     ),
     path(f"{ORG}/audit", AuditRecordViewSet.as_view({"get": "list"}), name="audit-list"),
+    path(f"{ORG}/audit/head", AuditHeadViewSet.as_view({"get": "retrieve"}), name="audit-head"),
     path(f"{ORG}/runners", RunnerViewSet.as_view({"get": "list"}), name="runner-list"),
     path(
         f"{ORG}/runners/<str:id>",

@@ -1,4 +1,4 @@
-"""Endpoints that belong to no tenant: health and the API schema."""
+"""Endpoints that belong to no tenant: health, the public signing keys and the API schema."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from rest_framework.views import APIView
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.api.authentication import KestrelTokenAuthentication
 from kestrel_one.api.permissions import AllowAny, IsPrincipal
+from kestrel_one.common.keys import control_jwks
 from kestrel_one.execution.heartbeats import execution_health
 
 
 class HealthView(APIView):
-    """Liveness, and whether calls can execute: the only route anyone may call without a token.
+    """Liveness, and whether calls can execute: one of the few routes anyone may call
+    without a token (``keys``, the public signing keys, is another).
 
     The database must answer (else this fails). ``status`` is ``degraded`` when the broker
     does not answer, no runner is up, or no runner has a working sandbox, and ``missing``
@@ -52,6 +54,32 @@ class HealthView(APIView):
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
         return Response(execution_health())
+
+
+class KeysView(APIView):
+    """The control plane's public signing keys, as a JWKS; public, so no token is read.
+
+    An auditor fetches these once and keeps them, to check signed audit heads
+    (``GET /api/v1/orgs/{org}/audit/head``) without trusting whoever serves the heads later.
+    """
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses=inline_serializer(
+            "Keys",
+            {
+                "keys": serializers.ListField(
+                    child=serializers.DictField(),
+                    help_text="Ed25519 public keys (kty OKP, crv Ed25519, x, kid, alg, use)",
+                )
+            },
+        ),
+        auth=[],
+    )
+    def get(self, request):
+        return Response(control_jwks())
 
 
 class ConsoleSessionAuthentication(SessionAuthentication):

@@ -1,4 +1,5 @@
-"""``GET /api/v1/orgs/{org}/audit``: the organization's audit log, newest first.
+"""``GET /api/v1/orgs/{org}/audit``: the organization's audit log, newest first; and
+``GET /api/v1/orgs/{org}/audit/head``: its chain head, signed, for an auditor to keep.
 
 Readable by owners, admins and auditors (scope ``audit:read``). Items are projections: the
 stored data is redacted and bounded again on the way out (redaction rules only ever grow,
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers
+from rest_framework.response import Response
 
 from kestrel_one.api.base import OrgScopedViewSet
 from kestrel_one.api.pagination import PublicIdCursorPagination
 from kestrel_one.api.serializers import StrictSerializer
-from kestrel_one.audit.models import AuditRecord
+from kestrel_one.audit.heads import audit_head_sign
+from kestrel_one.audit.models import AuditChain, AuditRecord
 from kestrel_one.audit.selectors import audit_records_filter
 from kestrel_one.audit.services import audit_chain_settle
 from kestrel_one.common.redaction import bounded, redact_text
@@ -120,3 +123,29 @@ class AuditRecordViewSet(mixins.ListModelMixin, OrgScopedViewSet):
         query = AuditQuerySerializer(data=params)
         query.is_valid(raise_exception=True)
         return audit_records_filter(queryset, **query.validated_data)
+
+
+class AuditHeadSerializer(serializers.Serializer):
+    seq = serializers.IntegerField(help_text="The sequence of the chain's last record.")
+    hash = serializers.CharField(help_text="That record's hash (SHA-256, hex).")
+    at = serializers.DateTimeField(help_text="When the head was signed.")
+    signature = serializers.CharField(
+        help_text="Compact JWS (EdDSA) over the organization's id, seq, hash and at; its "
+        "kid names the key in GET /api/v1/keys."
+    )
+
+
+class AuditHeadViewSet(OrgScopedViewSet):
+    """The chain head now, signed with the control plane's key (who may read the audit log).
+
+    Keep it: ``manage.py audit_verify --org SLUG --head FILE`` later proves the records up to
+    it were not rewritten, even by someone who recomputed every hash after them.
+    """
+
+    scope_map = {"GET": "audit:read"}
+    queryset = AuditChain.objects.none()
+
+    @extend_schema(responses={200: AuditHeadSerializer})
+    def retrieve(self, request, *args, **kwargs):
+        audit_chain_settle(self.organization)  # what is committed is in the head
+        return Response(audit_head_sign(self.organization))

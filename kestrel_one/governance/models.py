@@ -9,7 +9,11 @@ from kestrel_one.common.ids import PublicIdField
 
 
 class PolicyVersion(models.Model):
-    """One published policy document of an environment or a project; never changed after."""
+    """One published policy document of an environment or a project; never changed after.
+
+    The database holds it to that too (governance migration 0002): an ``UPDATE`` is refused,
+    and a ``DELETE`` only passes inside ``erasing("policy")``, when its owner is deleted.
+    """
 
     public_id = PublicIdField("pol")
     organization = models.ForeignKey(
@@ -33,8 +37,11 @@ class PolicyVersion(models.Model):
     # canonical JSON, which is what decisions and receipts record.
     document = models.JSONField()
     sha256 = models.CharField(max_length=64)
+    # The version this one replaced, of the same owner. DO_NOTHING: versions are never
+    # updated (a database trigger refuses it), and a version and its predecessor are only
+    # ever deleted together, with their owner.
     previous = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+"
     )
     created_by = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)

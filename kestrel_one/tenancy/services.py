@@ -21,6 +21,7 @@ from kestrel_one.accounts.sign_in_links import (
 )
 from kestrel_one.audit.models import AuditChain
 from kestrel_one.audit.services import audit_record
+from kestrel_one.common.erasure import erasing
 from kestrel_one.common.errors import Conflict, PermissionDenied, ValidationFailed
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
 
@@ -295,7 +296,8 @@ def environment_delete(*, actor: Principal, environment: Environment) -> None:
         target=environment,
         data={"name": environment.name},
     )
-    environment.delete()
+    with erasing("policy"):  # its policy versions go with it
+        environment.delete()
 
 
 @transaction.atomic
@@ -344,4 +346,5 @@ def project_delete(*, actor: Principal, project: Project) -> None:
         target=project,
         data={"name": project.name},
     )
-    project.delete()
+    with erasing("policy"):  # its policy versions go with it
+        project.delete()

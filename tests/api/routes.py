@@ -124,6 +124,7 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:project-explain": {"prj": lambda w: w.project.public_id},
     "api:runner-list": {},
     "api:audit-list": {},
+    "api:audit-head": {},
     "api:runner-detail": {"id": lambda w: w.runner.public_id},
     "api:webhook-list": {},
     "api:webhook-detail": {"id": lambda w: webhook_objects(w)[0].public_id},

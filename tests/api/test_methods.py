@@ -9,7 +9,7 @@ from tests.api.test_cross_tenant import fill
 def test_options_is_a_405_error_on_every_route(world):
     owner = world["owner"].client()
     urls = [fill(route, world, "acme") for route in org_scoped_routes()]
-    urls += ["/api/v1/orgs", "/api/v1/tools", "/api/v1/shared/ksh_unknown"]
+    urls += ["/api/v1/orgs", "/api/v1/tools", "/api/v1/keys", "/api/v1/shared/ksh_unknown"]
     answers = {url: owner.options(url) for url in urls}
     wrong = {
         url: (response.status_code, response.content[:200])

@@ -19,6 +19,7 @@ from kestrel_one.threads.services import thread_create
 from tests.artifacts.conftest import person
 from tests.artifacts.helpers import workspace_archive
 from tests.artifacts.test_output_artifacts import shell_result
+from tests.audit.helpers import tampering
 
 pytestmark = pytest.mark.spec("AUD-6")
 
@@ -147,9 +148,10 @@ def test_the_audit_chain_is_trimmed_by_the_audit_app_and_still_verifies(world, k
         pytest.skip("the audit app offers no trim yet")
     from kestrel_one.audit.selectors import audit_chain_verify
 
-    AuditRecord.objects.filter(organization=world.org).update(
-        created_at=timezone.now() - timedelta(days=400)
-    )
+    with tampering():  # the whole log ages at once
+        AuditRecord.objects.filter(organization=world.org).update(
+            created_at=timezone.now() - timedelta(days=400)
+        )
     counts = retention_sweep_organization(organization=world.org, now=timezone.now())
     assert counts["audit_records"] > 0
     assert audit_chain_verify(world.org).ok

@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connection, transaction
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.audit.services import audit_chain_settle, audit_record
+
+# The triggers that keep audit records append-only and policy versions immutable
+# (audit migration 0005, governance migration 0002).
+GUARDS = {
+    "audit_auditrecord": "audit_record_append_only",
+    "governance_policyversion": "policy_version_immutable",
+}
+
+
+@contextmanager
+def tampering() -> Iterator[None]:
+    """Switch the database's append-only guards off, as someone with the database's owner
+    role could, so a test can change rows the application never would (PostgreSQL)."""
+    _switch_guards("DISABLE")
+    try:
+        yield
+    finally:
+        _switch_guards("ENABLE")
+
+
+def _switch_guards(switch: str) -> None:
+    with connection.cursor() as cursor:
+        # ALTER TABLE waits for no deferred foreign-key check: run the pending ones now.
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        for table, trigger in GUARDS.items():
+            cursor.execute(f"ALTER TABLE {table} {switch} TRIGGER {trigger}")
+        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+
 
 ACTIONS = ("token.create", "project.update", "member.add", "policy.publish", "runner.revoke")
 

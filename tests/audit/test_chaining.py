@@ -17,7 +17,7 @@ from kestrel_one.audit.models import AuditChain, AuditRecord
 from kestrel_one.audit.selectors import audit_chain_verify
 from kestrel_one.audit.services import CHAIN_BATCH, audit_chain_settle, audit_record
 from kestrel_one.audit.tasks import chain_pending
-from tests.audit.helpers import append_records
+from tests.audit.helpers import append_records, tampering
 from tests.factories import OrganizationFactory
 
 ACTOR = system_principal("tests")
@@ -100,7 +100,7 @@ def test_a_settle_chains_more_than_one_batch(world):
 def test_clearing_a_chained_records_sequence_to_hide_it_is_detected(world):
     organization = OrganizationFactory(slug="hidden")
     records = append_records(organization, 6)
-    with connection.cursor() as cursor:
+    with tampering(), connection.cursor() as cursor:
         cursor.execute(
             "UPDATE audit_auditrecord SET sequence = NULL WHERE id = %s", [records[2].pk]
         )

@@ -15,7 +15,7 @@ from kestrel_one.accounts.principal import system_principal
 from kestrel_one.audit.models import AuditChain, AuditRecord
 from kestrel_one.audit.selectors import audit_chain_verify
 from kestrel_one.audit.services import audit_trim
-from tests.audit.helpers import append_records
+from tests.audit.helpers import append_records, tampering
 from tests.factories import OrganizationFactory
 
 JAN = datetime(2026, 1, 1, tzinfo=UTC)
@@ -94,7 +94,7 @@ def test_a_moved_anchor_hiding_deleted_records_is_detected(dated_chain, clock):
     audit_trim(organization=dated_chain, actor=SWEEPER, before=JAN + timedelta(days=2))
     # Someone deletes ten more old records and moves the anchor to match, in SQL.
     tenth = records(dated_chain)[9]
-    with connection.cursor() as cursor:
+    with tampering(), connection.cursor() as cursor:
         cursor.execute(
             "DELETE FROM audit_auditrecord WHERE organization_id = %s AND sequence <= %s",
             [dated_chain.pk, tenth.sequence],

@@ -19,7 +19,7 @@ from kestrel_one.audit.chain import chain_hash
 from kestrel_one.audit.models import AuditChain, AuditRecord
 from kestrel_one.audit.selectors import audit_chain_verify
 from kestrel_one.common.ids import new_public_id
-from tests.audit.helpers import append_records
+from tests.audit.helpers import append_records, tampering
 
 RECORDS = AuditRecord._meta.db_table
 CHAIN = AuditChain._meta.db_table
@@ -52,7 +52,10 @@ def chain(world):
         .order_by("sequence")
         .values_list("sequence", flat=True)
     )
-    return world, sequences
+    # Every case below changes rows as someone with the database's owner role could: with
+    # the append-only guard switched off.
+    with tampering():
+        yield world, sequences
 
 
 def sql(statement: str, params=()) -> int:

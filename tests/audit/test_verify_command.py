@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from kestrel_one.audit.models import AuditRecord
-from tests.audit.helpers import append_records
+from tests.audit.helpers import append_records, tampering
 from tests.factories import OrganizationFactory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,8 @@ def test_exit_codes_of_a_real_process():
     assert "intact, 12 record(s)" in intact.stdout
 
     record = AuditRecord.objects.get(organization=organization, sequence=5)
-    AuditRecord.objects.filter(pk=record.pk).update(action="token.revoke")  # skips hashing
+    with tampering():
+        AuditRecord.objects.filter(pk=record.pk).update(action="token.revoke")  # skips hashing
     broken = run_command("--org", "verify-me")
     assert broken.returncode == 1
     assert f"record #5 ({record.public_id})" in broken.stderr
@@ -81,7 +83,8 @@ def test_call_command_reports_intact_and_broken_chains(db):
     call_command("audit_verify", "--org", "in-process", stdout=out)
     assert "intact" in out.getvalue()
 
-    AuditRecord.objects.filter(organization=organization, sequence=4).delete()
+    with tampering():
+        AuditRecord.objects.filter(organization=organization, sequence=4).delete()
     err = StringIO()
     with pytest.raises(SystemExit) as exit_info:
         call_command("audit_verify", "--org", "in-process", stderr=err)
@@ -90,3 +93,29 @@ def test_call_command_reports_intact_and_broken_chains(db):
 
     with pytest.raises(CommandError):
         call_command("audit_verify", "--org", "missing")
+
+
+@pytest.mark.spec("AUD-1")
+@pytest.mark.django_db(transaction=True)
+def test_a_real_process_checks_a_kept_head(tmp_path):
+    from kestrel_one.audit.heads import audit_head_sign
+    from tests.audit.test_signed_heads import rewrite_tail
+
+    organization = OrganizationFactory(slug="kept-head")
+    append_records(organization, 8)
+    head = tmp_path / "head.json"
+    head.write_text(json.dumps(audit_head_sign(organization)))
+    append_records(organization, 2, start=8)
+
+    intact = run_command("--org", "kept-head", "--head", str(head))
+    assert intact.returncode == 0, intact.stderr
+    assert "record #8 matches" in intact.stdout
+
+    rewrite_tail(organization, start=5)
+    assert run_command("--org", "kept-head").returncode == 0  # every hash was recomputed
+    rewritten = run_command("--org", "kept-head", "--head", str(head))
+    assert rewritten.returncode == 1
+    assert "record #8 does not have the hash" in rewritten.stderr
+
+    missing = run_command("--org", "kept-head", "--head", str(tmp_path / "absent.json"))
+    assert missing.returncode == 2 and "Cannot read" in missing.stderr
