@@ -35,7 +35,9 @@ EMPTY_POLICY = Policy.deny_all()
 
 @lru_cache(maxsize=1024)
 def _parsed(sha256: str, document_json: str) -> Policy:
-    return parse_policy(json.loads(document_json))
+    # Stored versions were held to the caps when they were published; lowering a cap later
+    # must not make a published version unreadable, so none is applied here.
+    return parse_policy(json.loads(document_json), limits=None)
 
 
 def policy_of(version: PolicyVersion | None) -> Policy | None:
