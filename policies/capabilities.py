@@ -125,13 +125,13 @@ class Location:
 SHOWN_ITEMS = 10
 
 
-def shown(items: Iterable[object]) -> str:
+def shown(items: Iterable[object], *, ordered: bool = False) -> str:
     """``items`` sorted, as a message lists them: ``['a', 'b']``, or the first
-    ``SHOWN_ITEMS`` and how many more there are."""
-    ordered = sorted(map(str, items))
-    if len(ordered) <= SHOWN_ITEMS:
-        return str(ordered)
-    return f"{str(ordered[:SHOWN_ITEMS])[:-1]}, ... and {len(ordered) - SHOWN_ITEMS} more]"
+    ``SHOWN_ITEMS`` and how many more there are. ``ordered``: they are sorted strings."""
+    texts = [str(item) for item in items] if ordered else sorted(map(str, items))
+    if len(texts) <= SHOWN_ITEMS:
+        return str(texts)
+    return f"{str(texts[:SHOWN_ITEMS])[:-1]}, ... and {len(texts) - SHOWN_ITEMS} more]"
 
 
 def stricter_approval(first: str, second: str) -> str:
@@ -238,7 +238,7 @@ class PathGrant(Grant):
         found = self._approval_widenings(parent, where)
         at = where.key("paths")
         canonical = self.paths.texts()
-        ceiling = shown(parent.paths.texts())
+        ceiling = shown(parent.paths.texts(), ordered=True)
         for pattern in self.paths.uncovered_by(parent.paths):
             found.append(
                 Widening(
@@ -262,7 +262,9 @@ class PathGrant(Grant):
             if problem:
                 denials.append(f"path '{path}' is not a canonical workspace path: it {problem}")
             elif (match := self.paths.first_match(path)) is None:
-                denials.append(f"path '{path}' matches none of {shown(self.paths.texts())}")
+                denials.append(
+                    f"path '{path}' matches none of {shown(self.paths.texts(), ordered=True)}"
+                )
             else:
                 grounds.append(f"path '{path}' matches '{match}'")
         return denials, grounds
@@ -341,13 +343,17 @@ class ShellGrant(Grant):
     def _judge_env(self, names: tuple[str, ...]) -> list[str]:
         if isinstance(self.env, Everything):
             return []
+        refused = [
+            name for name in names if not env_name_always_allowed(name) and name not in self.env
+        ]
+        if not refused:
+            return []
         granted = f" (it grants {shown(self.env)})" if self.env else ""
         return [
             f"environment variable '{name}' may not be set: it is not one of the always "
             "allowed locale, time zone and terminal variables, and the policy's shell.exec "
             f"env does not grant it{granted}; a variable can change what a program loads or runs"
-            for name in names
-            if not env_name_always_allowed(name) and name not in self.env
+            for name in refused
         ]
 
 
