@@ -44,7 +44,7 @@ def _too_large(exc: PolicyTooLarge) -> PolicyTooLargeError:
     else:
         what = f"{field} has {exc.actual} items; at most {exc.maximum} are allowed"
     hint = (
-        " Grant a directory ('dir/**') instead of listing what is in it"
+        " Grant a directory ('dir/**') instead of listing what is in it."
         if exc.limit == "paths"
         else ""
     )
