@@ -46,6 +46,10 @@ _TOOL_OR_OPERATION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # The names shell.exec's ``env`` argument accepts.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _MAX_DESCRIPTION = 2000
+# JSON's "\ud800" escapes decode to lone surrogates, which no UTF-8 document can hold: the
+# canonical form (and so the content hash) could not be written.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_UNICODE = "contains a lone surrogate, which is not valid Unicode"
 
 
 class _DuplicateKeys(dict[str, Any]):
@@ -97,6 +101,9 @@ def parse_policy(
     ``limits`` caps every list (``PolicyTooLarge`` at the first one over its cap, before its
     items are read); None lifts the caps, for documents that were checked when published.
     """
+    unwritable = _lone_surrogate(data, "")
+    if unwritable is not None:
+        raise PolicyError([PolicyIssue(unwritable, _NOT_UNICODE)])
     issues: list[PolicyIssue] = []
     reader = _Reader(issues, limits)
     grants: dict[str, Grant] = {}
@@ -121,6 +128,34 @@ def parse_policy(
     return Policy(
         grants, description=description, source=data if isinstance(data, Mapping) else None
     )
+
+
+def _shown_key(key: str) -> str:
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _lone_surrogate(value: object, path: str) -> str | None:
+    """The path of the first string or key holding a lone surrogate, or None.
+
+    Checked before anything else, because every message would echo it: keys are shown
+    escaped (``\\ud800``) so the answer itself can be written.
+    """
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            at = f"{path}.{_shown_key(key)}" if path else _shown_key(key)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return at
+            found = _lone_surrogate(item, at)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 class _Reader:

@@ -137,3 +137,29 @@ def test_a_project_cannot_grant_a_variable_its_environment_does_not(world):
         format="json",
     ).json()
     assert granted["decision"] == "allow", granted
+
+
+@pytest.mark.parametrize(
+    "body,path",
+    [
+        (
+            b'{"capabilities": {"fs.read": {"paths": ["a\\ud800/**"]}}}',
+            "capabilities.fs.read.paths[0]",
+        ),
+        (b'{"capabilities": {}, "description": "\\udc00"}', "description"),
+        (b'{"capabilities": {"\\ud800": {}}}', "capabilities.\\ud800"),
+    ],
+)
+def test_a_lone_surrogate_in_a_policy_is_a_400_naming_where_not_a_500(world, body, path):
+    """A JSON escape can spell half a surrogate pair, which no UTF-8 document can hold: the
+    canonical form could not be hashed (it was a 500)."""
+    response = (
+        world["owner"]
+        .client()
+        .generic("PUT", env_url(world), data=body, content_type="application/json")
+    )
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert error["details"]["issues"][0]["path"] == path
+    assert "surrogate" in error["message"]
