@@ -137,6 +137,15 @@ def path_patterns(policy: Policy) -> int:
     )
 
 
+def list_items(value: object) -> int:
+    """Every item of every list in a JSON value (paths, names, tools, ...)."""
+    if isinstance(value, dict):
+        return sum(list_items(item) for item in value.values())
+    if isinstance(value, list):
+        return len(value) + sum(list_items(item) for item in value)
+    return 0
+
+
 def measure(quick: bool = False) -> dict[str, Any]:
     """Samples (seconds; nanoseconds for decide) of every operation, and the sizes."""
     environment_json, project_json = documents()
@@ -150,6 +159,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
     return {
         "document_bytes": len(environment_json),
         "path_patterns": path_patterns(environment),
+        "list_items": list_items(json.loads(environment_json)),
         "parse_s": cpu_samples(lambda: parse_policy_json(environment_json), repeat),
         "parse_project_s": cpu_samples(lambda: parse_policy_json(project_json), repeat),
         "widenings_s": cpu_samples(lambda: widenings(project, environment), repeat),
@@ -161,12 +171,15 @@ def measure(quick: bool = False) -> dict[str, Any]:
 def main() -> int:
     found = measure()
     patterns = found["path_patterns"]
-    print(f"document: {found['document_bytes']} bytes, {patterns} path patterns")
+    print(
+        f"document: {found['document_bytes']} bytes, {patterns} path patterns, "
+        f"{found['list_items']} list items in all"
+    )
     for name in ("parse_s", "parse_project_s", "widenings_s", "meet_s"):
         median_ms = statistics.median(found[name]) * 1000
         print(
             f"{name[:-2]:>14}: {median_ms:7.2f} ms CPU  ({median_ms * 1000 / patterns:.1f} µs "
-            "per path pattern)"
+            f"per path pattern, {median_ms * 1000 / found['list_items']:.1f} µs per list item)"
         )
     decide_us = statistics.median(found["decide_ns"]) / 1000
     print(f"{'decide':>14}: {decide_us:7.2f} µs median")

@@ -173,6 +173,7 @@ def policy_caps_figures(quick: bool) -> list[Figure]:
     per_pattern = {
         "document_bytes": found["document_bytes"],
         "path_patterns": patterns,
+        "list_items": found["list_items"],
     }
     parse = timing_figure(
         "policy parse at caps (ms CPU)",
@@ -320,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         if figure.notes.get("us_per_pattern"):
             print(
                 f"{figure.name}: {figure.notes['us_per_pattern']:.1f} µs per path pattern "
-                f"({figure.notes['path_patterns']} patterns, {figure.notes['document_bytes']} "
-                "bytes)"
+                f"({figure.notes['path_patterns']} patterns among "
+                f"{figure.notes['list_items']} list items, {figure.notes['document_bytes']} bytes)"
             )
         if figure.notes.get("errors"):
             print(
