@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import governed  # noqa: E402
+import policy_caps  # noqa: E402
 import policy_decide  # noqa: E402
 import records  # noqa: E402
 from stats import Figure, format_table, percentile, timing_figure  # noqa: E402
@@ -156,6 +157,65 @@ def policy_figure(quick: bool) -> Figure:
     return figure
 
 
+def policy_caps_figures(quick: bool) -> list[Figure]:
+    """The engine on the largest document the caps allow, each against the same operation on
+    the small realistic policy of ``policy_decide`` (bench/policy_caps.py)."""
+    found = policy_caps.measure(quick)
+    patterns = found["path_patterns"]
+    small_environment = json.dumps(policy_decide.ENVIRONMENT).encode()
+    small = policy_decide.parse_policy(policy_decide.ENVIRONMENT)
+    small_project = policy_decide.parse_policy(policy_decide.PROJECT)
+    repeat = len(found["parse_s"])
+    small_parse = policy_caps.cpu_samples(
+        lambda: policy_caps.parse_policy_json(small_environment), repeat
+    )
+    small_meet = policy_caps.cpu_samples(lambda: policy_caps.meet_all(small, small_project), repeat)
+    per_pattern = {
+        "document_bytes": found["document_bytes"],
+        "path_patterns": patterns,
+        "list_items": found["list_items"],
+    }
+    parse = timing_figure(
+        "policy parse at caps (ms CPU)",
+        found["parse_s"],
+        "parse realistic policy",
+        small_parse,
+        target="median < 50 ms",
+        us_per_pattern=statistics.median(found["parse_s"]) * 1e6 / patterns,
+        **per_pattern,
+    )
+    parse.met = parse.median < policy_caps.TARGET_PARSE_MS
+    meet = timing_figure(
+        "policy meet at caps (ms CPU)",
+        found["meet_s"],
+        "meet realistic policies",
+        small_meet,
+        target="(no target)",
+        us_per_pattern=statistics.median(found["meet_s"]) * 1e6 / patterns,
+        widenings_ms=statistics.median(found["widenings_s"]) * 1000,
+        parse_project_ms=statistics.median(found["parse_project_s"]) * 1000,
+        **per_pattern,
+    )
+    effective = policy_decide.effective_policy()
+    small_decide = policy_caps.decide_samples(
+        effective, policy_decide.REQUESTS, len(found["decide_ns"])
+    )
+    decide_ns = found["decide_ns"]
+    decide = Figure(
+        name="policy decide at caps (µs)",
+        unit="µs",
+        median=statistics.median(decide_ns) / 1000,
+        p95=percentile(decide_ns, 0.95) / 1000,
+        baseline_name="decide realistic (µs)",
+        baseline_median=statistics.median(small_decide) / 1000,
+        baseline_p95=percentile(small_decide, 0.95) / 1000,
+        samples=len(decide_ns),
+        target="median < 20 µs",
+    )
+    decide.met = decide.median < policy_caps.TARGET_DECIDE_US
+    return [parse, meet, decide]
+
+
 def record_figures(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
     sizes = (1_000, 100_000)
     repeats = 15 if quick else 40
@@ -243,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         figures += governed_figures(options.quick)
     if "policy" in parts:
         figures.append(policy_figure(options.quick))
+        figures += policy_caps_figures(options.quick)
     if "records" in parts:
         found, details = record_figures(options.quick)
         figures += found
@@ -257,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         if figure.notes.get("cpu_ms_per_call"):
             spent = ", ".join(f"{k} {v:.0f}" for k, v in figure.notes["cpu_ms_per_call"].items())
             print(f"{figure.name}: CPU ms per call: {spent}")
+        if figure.notes.get("us_per_pattern"):
+            print(
+                f"{figure.name}: {figure.notes['us_per_pattern']:.1f} µs per path pattern "
+                f"({figure.notes['path_patterns']} patterns among "
+                f"{figure.notes['list_items']} list items, {figure.notes['document_bytes']} bytes)"
+            )
         if figure.notes.get("errors"):
             print(
                 f"{figure.name}: {figure.notes['errors']} errors: {figure.notes['error_samples']}"

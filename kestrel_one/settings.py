@@ -379,6 +379,22 @@ KESTREL_IDEMPOTENCY_TTL_SECONDS = max(
 # The longest a request may long-poll with ?wait=SECONDS.
 KESTREL_MAX_WAIT_SECONDS = env_int("KESTREL_MAX_WAIT_SECONDS", 60)
 
+# Policy documents (docs/policy.md#caps): the most one PUT may hold, so that no tenant's
+# document can hold a web worker. KESTREL_POLICY_MAX_BYTES caps the JSON body; each other
+# caps one kind of list, per list (paths per fs.read/fs.write grant, tools per MCP server, ...).
+KESTREL_POLICY_LIMITS = {
+    "bytes": env_int("KESTREL_POLICY_MAX_BYTES", 64 * 1024),
+    "paths": env_int("KESTREL_POLICY_MAX_PATHS", 256),
+    "origins": env_int("KESTREL_POLICY_MAX_ORIGINS", 64),
+    "commands": env_int("KESTREL_POLICY_MAX_COMMANDS", 128),
+    "env": env_int("KESTREL_POLICY_MAX_ENV", 64),
+    "models": env_int("KESTREL_POLICY_MAX_MODELS", 64),
+    "servers": env_int("KESTREL_POLICY_MAX_SERVERS", 32),
+    "tools": env_int("KESTREL_POLICY_MAX_TOOLS", 256),
+    "adapters": env_int("KESTREL_POLICY_MAX_ADAPTERS", 32),
+    "operations": env_int("KESTREL_POLICY_MAX_OPERATIONS", 128),
+}
+
 # Execution needs a broker (Redis). When it does not answer, requests that would run
 # something are refused with a clear error rather than queued where nothing will ever take
 # them (kestrel_one/common/broker.py). REDIS_URL is redis-py's spelling; Celery's (kombu's)

@@ -18,8 +18,9 @@ from policies.capabilities import (
     LIMITED_CAPABILITIES,
     Widening,
 )
+from policies.caps import DEFAULT_DOCUMENT_LIMITS, DocumentLimits
 from policies.decide import ALLOW, DENY, NEEDS_APPROVAL, Decision, decide, render_decision
-from policies.errors import PolicyError, PolicyIssue
+from policies.errors import PolicyError, PolicyIssue, PolicyTooLarge
 from policies.limits import DEFAULT_LIMITS, INTEGER_LIMITS, LIMIT_NAMES, MAX_LIMITS
 from policies.modes import (
     READ_AND_NETWORK_CAPABILITIES,
@@ -38,6 +39,7 @@ __all__ = [
     "APPROVAL_ALWAYS",
     "APPROVAL_NEVER",
     "CAPABILITY_NAMES",
+    "DEFAULT_DOCUMENT_LIMITS",
     "DEFAULT_LIMITS",
     "DENY",
     "INTEGER_LIMITS",
@@ -47,10 +49,12 @@ __all__ = [
     "NEEDS_APPROVAL",
     "READ_AND_NETWORK_CAPABILITIES",
     "Decision",
+    "DocumentLimits",
     "Mode",
     "Policy",
     "PolicyError",
     "PolicyIssue",
+    "PolicyTooLarge",
     "Request",
     "Widening",
     "apply_mode",

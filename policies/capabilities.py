@@ -9,7 +9,7 @@ instead, and the policy then simply lacks the capability, which is how denial is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,41 @@ from policies.request import Request
 APPROVAL_NEVER = "never"
 APPROVAL_ALWAYS = "always"
 APPROVALS = (APPROVAL_NEVER, APPROVAL_ALWAYS)  # from loosest to strictest
+
+# Environment variables a shell call may always overlay: they say how output looks (locale,
+# time zone, terminal, colour) and change nothing a process loads or runs. Every other name
+# (LD_PRELOAD, PATH, PYTHONPATH, BASH_ENV, ENV, IFS, GCONV_PATH, NODE_OPTIONS, PERL5OPT, ...)
+# needs the policy to grant it by name in shell.exec ``env``. Deliberately left out although
+# they look harmless: PAGER, EDITOR, VISUAL, GIT_* (they name programs to run),
+# PYTHONWARNINGS (a warning category is imported), TERMINFO and LOCPATH (files to load).
+ALWAYS_ALLOWED_ENV_NAMES: frozenset[str] = frozenset(
+    {
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TERM",
+        "COLORTERM",
+        "NO_COLOR",
+        "FORCE_COLOR",
+        "CLICOLOR",
+        "CLICOLOR_FORCE",
+        "COLUMNS",
+        "LINES",
+        "CI",
+        "SOURCE_DATE_EPOCH",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONHASHSEED",
+        "PYTHONUTF8",
+    }
+)
+# Locale categories (LC_ALL, LC_CTYPE, LC_MESSAGES, ...): names, never paths to load.
+ALWAYS_ALLOWED_ENV_PREFIXES: tuple[str, ...] = ("LC_",)
+
+
+def env_name_always_allowed(name: str) -> bool:
+    """Whether a shell call may overlay ``name`` under any policy that grants shell.exec."""
+    return name in ALWAYS_ALLOWED_ENV_NAMES or name.startswith(ALWAYS_ALLOWED_ENV_PREFIXES)
 
 
 class Everything:
@@ -85,6 +120,20 @@ class Location:
         return self.raw is not None
 
 
+# A message lists at most this many names or patterns: a reason must stay readable, and one
+# per request must not cost as much as the list is long.
+SHOWN_ITEMS = 10
+
+
+def shown(items: Iterable[object], *, ordered: bool = False) -> str:
+    """``items`` sorted, as a message lists them: ``['a', 'b']``, or the first
+    ``SHOWN_ITEMS`` and how many more there are. ``ordered``: they are sorted strings."""
+    texts = [str(item) for item in items] if ordered else sorted(map(str, items))
+    if len(texts) <= SHOWN_ITEMS:
+        return str(texts)
+    return f"{str(texts[:SHOWN_ITEMS])[:-1]}, ... and {len(texts) - SHOWN_ITEMS} more]"
+
+
 def stricter_approval(first: str, second: str) -> str:
     return max(first, second, key=APPROVALS.index)
 
@@ -118,11 +167,11 @@ def _names_widenings(
     extra = _extra_names(child, parent)
     if extra is None:
         return []
-    shown = sorted(parent) if isinstance(parent, frozenset) else parent
+    ceiling = shown(parent) if isinstance(parent, frozenset) else repr(parent)
     if isinstance(extra, Everything):
         message = (
             f"{where.capability} allows every {noun}{scope}; "
-            f"the {where.parent_label}'s allows only {shown}"
+            f"the {where.parent_label}'s allows only {ceiling}"
         )
         return [Widening(where.path, message)]
     # Only a finite child has finite extras (an unbounded one returned above).
@@ -131,7 +180,7 @@ def _names_widenings(
         Widening(
             where.item(name, canonical),
             f"{where.capability} {noun} '{name}'{scope} is not in "
-            f"the {where.parent_label}'s {shown}",
+            f"the {where.parent_label}'s {ceiling}",
         )
         for name in extra
     ]
@@ -189,12 +238,13 @@ class PathGrant(Grant):
         found = self._approval_widenings(parent, where)
         at = where.key("paths")
         canonical = self.paths.texts()
+        ceiling = shown(parent.paths.texts(), ordered=True)
         for pattern in self.paths.uncovered_by(parent.paths):
             found.append(
                 Widening(
                     at.item(str(pattern), canonical),
                     f"{where.capability} path '{pattern}' is not within the "
-                    f"{where.parent_label}'s {parent.paths.texts()}",
+                    f"{where.parent_label}'s {ceiling}",
                 )
             )
         return found
@@ -211,19 +261,24 @@ class PathGrant(Grant):
             problem = path_problem(path)
             if problem:
                 denials.append(f"path '{path}' is not a canonical workspace path: it {problem}")
-            elif not self.paths.matches(path):
-                denials.append(f"path '{path}' matches none of {self.paths.texts()}")
+            elif (match := self.paths.first_match(path)) is None:
+                denials.append(
+                    f"path '{path}' matches none of {shown(self.paths.texts(), ordered=True)}"
+                )
             else:
-                grounds.append(f"path '{path}' matches '{self.paths.first_match(path)}'")
+                grounds.append(f"path '{path}' matches '{match}'")
         return denials, grounds
 
 
 @dataclass(frozen=True)
 class ShellGrant(Grant):
-    """shell.exec: which programs may run (EVERYTHING when unrestricted), within ceilings."""
+    """shell.exec: which programs may run (EVERYTHING when unrestricted), within ceilings,
+    and which environment variables beyond ``ALWAYS_ALLOWED_ENV_NAMES`` a call may overlay
+    (none unless the document names them; EVERYTHING only in a mask)."""
 
     commands: Names = EVERYTHING
     ceilings: Limits = field(default_factory=lambda: Limits.from_mapping({}))
+    env: Names = frozenset()
 
     @property
     def limits(self) -> Limits:
@@ -237,12 +292,16 @@ class ShellGrant(Grant):
             stricter_approval(self.approval, other.approval),
             commands,
             self.ceilings.meet(other.ceilings),
+            meet_names(self.env, other.env),
         )
 
     def widenings(self, parent: ShellGrant, where: Location) -> list[Widening]:
         found = self._approval_widenings(parent, where)
         found += _names_widenings(
             self.commands, parent.commands, where.key("commands"), "program", ""
+        )
+        found += _names_widenings(
+            self.env, parent.env, where.key("env"), "environment variable", ""
         )
         found += _limit_widenings(self.ceilings, parent.ceilings, where)
         return found
@@ -251,19 +310,51 @@ class ShellGrant(Grant):
         document: dict[str, Any] = {"approval": self.approval, "limits": self.ceilings.as_dict()}
         if not isinstance(self.commands, Everything):
             document["commands"] = sorted(self.commands)
+        # Left out when empty, so documents that grant no variable keep their form and hash.
+        env = _names_document(self.env, "environment variable")
+        if env:
+            document["env"] = env
         return document
 
     def judge(self, capability: str, request: Request) -> tuple[list[str], list[str]]:
         if not request.command:
             return ["the shell.exec request names no program"], []
+        denials = self._judge_env(request.env_names)
+        grounds: list[str] = []
         if isinstance(self.commands, Everything):
-            return [], ["any program may run"]
-        if request.command not in self.commands:
-            return [
+            grounds = ["any program may run"]
+        elif request.command not in self.commands:
+            denials.insert(
+                0,
                 f"program '{request.command}' is not in the allowed commands "
-                f"{sorted(self.commands)}"
-            ], []
-        return [], [f"program '{request.command}' is in the allowed commands"]
+                f"{shown(self.commands)}",
+            )
+        else:
+            grounds = [f"program '{request.command}' is in the allowed commands"]
+        if denials:
+            return denials, []
+        if request.env_names:
+            grounds.append(
+                f"environment variables {list(request.env_names)} may be set "
+                "(always allowed, or granted by shell.exec env)"
+            )
+        return [], grounds
+
+    def _judge_env(self, names: tuple[str, ...]) -> list[str]:
+        if isinstance(self.env, Everything):
+            return []
+        refused = [
+            name for name in names if not env_name_always_allowed(name) and name not in self.env
+        ]
+        if not refused:
+            return []
+        granted = f" (it grants {shown(self.env)})" if self.env else ""
+        return [
+            f"environment variable '{name}' may not be set: it is not one of the always "
+            "allowed locale, time zone and terminal variables, and the policy's shell.exec "
+            f"env does not grant it{granted}; a variable can change what a program loads or runs"
+            for name in refused
+        ]
 
 
 @dataclass(frozen=True)
@@ -361,7 +452,7 @@ class HttpGrant(Grant):
             return [str(error)], []
         if isinstance(self.allow, Everything) or origin in self.allow:
             return [], [f"origin '{origin}' is allowed"]
-        return [f"origin '{origin}' is not in the allow list {sorted(map(str, self.allow))}"], []
+        return [f"origin '{origin}' is not in the allow list {shown(self.allow)}"], []
 
 
 @dataclass(frozen=True)
@@ -389,7 +480,7 @@ class ModelGrant(Grant):
             return ["the model.invoke request names no model"], []
         if isinstance(self.models, Everything) or request.model in self.models:
             return [], [f"model '{request.model}' is allowed"]
-        return [f"model '{request.model}' is not in the allowed models {sorted(self.models)}"], []
+        return [f"model '{request.model}' is not in the allowed models {shown(self.models)}"], []
 
 
 @dataclass(frozen=True)
@@ -446,7 +537,7 @@ class McpGrant(Grant):
         if isinstance(self.servers, Everything):
             message = (
                 f"mcp.call allows every server; "
-                f"the {where.parent_label}'s allows only {sorted(parent._by_name)}"
+                f"the {where.parent_label}'s allows only {shown(parent._by_name)}"
             )
             return [*found, Widening(at.path, message)]
         for name, tools in self.servers:
@@ -494,11 +585,11 @@ class McpGrant(Grant):
         granted = self._by_name.get(server)
         if granted is None:
             return [
-                f"MCP server '{server}' is not in the allowed servers {sorted(self._by_name)}"
+                f"MCP server '{server}' is not in the allowed servers {shown(self._by_name)}"
             ], []
         if tool not in granted.tools:
             return [
-                f"tool '{tool}' is not in server '{server}''s allowed tools {sorted(granted.tools)}"
+                f"tool '{tool}' is not in server '{server}''s allowed tools {shown(granted.tools)}"
             ], []
         if request.mcp_dangerous and tool not in granted.dangerous:
             return [
@@ -533,7 +624,7 @@ class AdapterGrant(Grant):
         if isinstance(self.adapters, Everything):
             message = (
                 f"adapter.invoke allows every adapter; "
-                f"the {where.parent_label}'s allows only {sorted(parent._by_name)}"
+                f"the {where.parent_label}'s allows only {shown(parent._by_name)}"
             )
             return [*found, Widening(at.path, message)]
         for name, operations in self.adapters:
@@ -574,12 +665,12 @@ class AdapterGrant(Grant):
         granted = self._by_name.get(adapter)
         if granted is None:
             return [
-                f"adapter '{adapter}' is not in the allowed adapters {sorted(self._by_name)}"
+                f"adapter '{adapter}' is not in the allowed adapters {shown(self._by_name)}"
             ], []
         if operation not in granted:
             return [
                 f"operation '{operation}' is not in adapter '{adapter}''s allowed operations "
-                f"{sorted(granted)}"
+                f"{shown(granted)}"
             ], []
         return [], [f"operation '{operation}' of adapter '{adapter}' is allowed"]
 
@@ -607,7 +698,7 @@ def full_width(capability: str) -> Grant:
     if kind is PathGrant:
         return PathGrant(APPROVAL_NEVER, PathSet([parse_pattern("**")]))
     if kind is ShellGrant:
-        return ShellGrant(APPROVAL_NEVER, ceilings=Limits.widest())
+        return ShellGrant(APPROVAL_NEVER, ceilings=Limits.widest(), env=EVERYTHING)
     if kind is CodeGrant:
         return CodeGrant(APPROVAL_NEVER, ceilings=Limits.widest())
     return kind(APPROVAL_NEVER)

@@ -31,3 +31,20 @@ class PolicyError(ValueError):
     def __init__(self, issues: Iterable[PolicyIssue]) -> None:
         self.issues: tuple[PolicyIssue, ...] = tuple(issues)
         super().__init__("; ".join(str(issue) for issue in self.issues))
+
+
+class PolicyTooLarge(PolicyError):
+    """A document, or one list in it, is larger than its cap (``policies.caps``).
+
+    Raised at the first cap exceeded, before the oversized part is read any further.
+    ``limit`` names the ``DocumentLimits`` field, ``maximum`` its value, ``actual`` what the
+    document holds (bytes or items).
+    """
+
+    def __init__(self, path: str, *, limit: str, maximum: int, actual: int) -> None:
+        self.path = path
+        self.limit = limit
+        self.maximum = maximum
+        self.actual = actual
+        unit = "bytes" if limit == "bytes" else "items"
+        super().__init__([PolicyIssue(path, f"has {actual} {unit}; at most {maximum} are allowed")])

@@ -19,14 +19,15 @@ patterns is again a single pattern (or nothing), so a meet never has to approxim
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 STAR = "*"
 GLOBSTAR = "**"
 # Characters that other glob dialects give a meaning; accepting them literally would let a
 # pattern mean something different from what its author expected.
-_GLOB_METACHARACTERS = frozenset("*?[]{}")
+_GLOB_METACHARACTERS = re.compile(r"[*?\[\]{}]")
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _segment_problem(segment: str) -> str | None:
@@ -35,7 +36,7 @@ def _segment_problem(segment: str) -> str | None:
         return "has an empty segment"
     if segment in (".", ".."):
         return f"has a '{segment}' segment"
-    if any(ord(char) < 32 or ord(char) == 127 for char in segment):
+    if _CONTROL_CHARACTER.search(segment):
         return "contains a control character"
     return None
 
@@ -109,15 +110,6 @@ class PathPattern:
                 return None
         return PathPattern(tuple(segments), self.recursive and other.recursive)
 
-    def regex_source(self) -> str:
-        """A regular expression matching the canonical paths this pattern matches."""
-        parts = ["[^/]+" if segment == STAR else re.escape(segment) for segment in self.segments]
-        body = "/".join(parts)
-        if not self.recursive:
-            return body
-        # The workspace root is matched as the empty string (see PathSet.matches).
-        return f"{body}(?:/.*)?" if body else ".*"
-
 
 def parse_pattern(text: str) -> PathPattern:
     """Parse one pattern; raises ValueError with a message saying what is wrong."""
@@ -140,7 +132,7 @@ def parse_pattern(text: str) -> PathPattern:
             recursive = True
         elif segment == STAR:
             parsed.append(STAR)
-        elif _GLOB_METACHARACTERS.intersection(segment):
+        elif _GLOB_METACHARACTERS.search(segment):
             raise ValueError(
                 f"segment '{segment}' is ambiguous: wildcards must be a whole segment "
                 "('*' or a final '**'), and '?', '[', ']', '{', '}' are not allowed"
@@ -150,32 +142,197 @@ def parse_pattern(text: str) -> PathPattern:
     return PathPattern(tuple(parsed), recursive)
 
 
+class _Node:
+    """One prefix of segments in a ``_Trie``; children are keyed by segment (``*`` included)."""
+
+    __slots__ = ("children", "fixed", "recursive")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        # The pattern whose segments are exactly this prefix, without and with a final '**'.
+        self.fixed: PathPattern | None = None
+        self.recursive: PathPattern | None = None
+
+
+class _Trie:
+    """Patterns indexed by their segments, so a question about one pattern visits only the
+    prefixes that could answer it instead of every member (which made a set of n patterns
+    cost n² to build). A walk follows, at each segment, the child of that literal name and
+    the ``*`` child: at most the members that share a compatible prefix are ever touched.
+    """
+
+    __slots__ = ("root",)
+
+    def __init__(self, patterns: Iterable[PathPattern]) -> None:
+        self.root = _Node()
+        for pattern in patterns:
+            node = self.root
+            for segment in pattern.segments:
+                child = node.children.get(segment)
+                if child is None:
+                    child = node.children[segment] = _Node()
+                node = child
+            if pattern.recursive:
+                node.recursive = pattern
+            else:
+                node.fixed = pattern
+
+    def _step(self, frontier: list[_Node], segment: str) -> list[_Node]:
+        """The nodes one segment further whose members can contain ``segment``: a literal
+        is matched by itself and by ``*``; ``*`` only by ``*``."""
+        following = []
+        for node in frontier:
+            if segment != STAR:
+                child = node.children.get(segment)
+                if child is not None:
+                    following.append(child)
+            child = node.children.get(STAR)
+            if child is not None:
+                following.append(child)
+        return following
+
+    def containing(self, pattern: PathPattern) -> Iterator[PathPattern]:
+        """Every member that contains ``pattern`` (``pattern`` itself, if it is a member)."""
+        frontier = [self.root]
+        for segment in pattern.segments:
+            # A recursive member that ends here contains everything below a compatible prefix.
+            for node in frontier:
+                if node.recursive is not None:
+                    yield node.recursive
+            frontier = self._step(frontier, segment)
+            if not frontier:
+                return
+        for node in frontier:
+            if node.recursive is not None:
+                yield node.recursive
+            if node.fixed is not None and not pattern.recursive:
+                yield node.fixed
+
+    def covers(self, pattern: PathPattern) -> bool:
+        """Whether the members' union matches every path ``pattern`` matches (see
+        ``PathSet.covers``)."""
+        frontier = [self.root]
+        for segment in pattern.segments:
+            if any(node.recursive is not None for node in frontier):
+                return True
+            frontier = self._step(frontier, segment)
+            if not frontier:
+                return False
+        if any(node.recursive is not None for node in frontier):
+            return True
+        if not pattern.recursive:
+            return any(node.fixed is not None for node in frontier)
+        # A recursive pattern no single member contains: every length from its own on must
+        # be covered, a fixed member at that length or a recursive one ending at or before it.
+        while True:
+            if not any(node.fixed is not None for node in frontier):
+                return False
+            frontier = [
+                child for node in frontier if (child := node.children.get(STAR)) is not None
+            ]
+            if not frontier:
+                return False
+            if any(node.recursive is not None for node in frontier):
+                return True
+
+    def matching(self, path: str) -> Iterator[PathPattern]:
+        """Every member matching a workspace-relative path (``"."`` or ``""``: the root)."""
+        segments = () if path in (".", "") else path.split("/")
+        frontier = [self.root]
+        for segment in segments:
+            for node in frontier:
+                if node.recursive is not None:
+                    yield node.recursive
+            if segment == "":
+                # No segment pattern matches an empty name; only a '**' above it can.
+                return
+            frontier = self._step(frontier, segment)
+            if not frontier:
+                return
+        for node in frontier:
+            if node.recursive is not None:
+                yield node.recursive
+            if node.fixed is not None:
+                yield node.fixed
+
+    def intersecting(self, pattern: PathPattern) -> Iterator[PathPattern]:
+        """Members whose intersection with ``pattern`` may be non-empty (a superset of
+        those; ``PathPattern.intersect`` gives the exact answer)."""
+        stack: list[tuple[_Node, int]] = [(self.root, 0)]
+        length = len(pattern.segments)
+        while stack:
+            node, depth = stack.pop()
+            if depth < length:
+                if node.recursive is not None:
+                    yield node.recursive
+                segment = pattern.segments[depth]
+                if segment == STAR:
+                    stack.extend((child, depth + 1) for child in node.children.values())
+                else:
+                    for key in (segment, STAR):
+                        child = node.children.get(key)
+                        if child is not None:
+                            stack.append((child, depth + 1))
+                continue
+            if node.recursive is not None:
+                yield node.recursive
+            if node.fixed is not None:
+                yield node.fixed
+            if pattern.recursive:
+                # Below a recursive pattern's end every member can meet it.
+                stack.extend((child, depth + 1) for child in node.children.values())
+
+
 def _prune(patterns: Iterable[PathPattern]) -> tuple[PathPattern, ...]:
-    """Drop patterns that another pattern of the set already covers; sort the rest."""
+    """Drop patterns that another pattern of the set already covers; sort the rest.
+
+    Containment between distinct patterns is a partial order, so this keeps exactly the
+    maximal patterns; each is checked against the trie of all of them, not against each.
+    """
     unique = set(patterns)
+    index = _Trie(unique)
     kept = [
         pattern
         for pattern in unique
-        if not any(other != pattern and other.contains(pattern) for other in unique)
+        if not any(other != pattern for other in index.containing(pattern))
     ]
     return tuple(sorted(kept, key=str))
+
+
+def first_containers(patterns: Sequence[PathPattern]) -> list[int | None]:
+    """For each pattern, the position of the first other one that contains it, or None.
+
+    The parser's "already covered by" check: one trie walk per pattern, not a scan of all.
+    """
+    index = _Trie(patterns)
+    position = {pattern: at for at, pattern in reversed(list(enumerate(patterns)))}
+    found: list[int | None] = []
+    for pattern in patterns:
+        others = [position[other] for other in index.containing(pattern) if other != pattern]
+        found.append(min(others) if others else None)
+    return found
 
 
 class PathSet:
     """A finite union of path patterns, compared by the set of paths it matches.
 
     Two sets are equal when they match the same paths, even if written differently:
-    ``["src", "src/*/**"]`` equals ``["src/**"]``. The regular expression used by ``matches``
-    is compiled once, when the set is built, so judging a request never recompiles it.
+    ``["src", "src/*/**"]`` equals ``["src/**"]``. The patterns are indexed in a trie once,
+    when the set is built, so matching a path, covering a pattern and meeting another set
+    each visit only the patterns that share a compatible prefix (docs/policy.md#performance).
     """
 
-    __slots__ = ("_each", "_regex", "patterns")
+    __slots__ = ("_index", "_order", "_texts", "patterns")
 
-    def __init__(self, patterns: Iterable[PathPattern]) -> None:
-        self.patterns: tuple[PathPattern, ...] = _prune(patterns)
-        self._each = tuple(re.compile(p.regex_source(), re.DOTALL) for p in self.patterns)
-        alternatives = "|".join(f"(?:{pattern.regex_source()})" for pattern in self.patterns)
-        self._regex = re.compile(alternatives, re.DOTALL) if self.patterns else None
+    def __init__(self, patterns: Iterable[PathPattern], *, maximal: bool = False) -> None:
+        """``maximal=True`` promises that no pattern is repeated or contained by another (the
+        parser has checked it), which saves the pruning."""
+        self.patterns: tuple[PathPattern, ...] = (
+            tuple(sorted(patterns, key=str)) if maximal else _prune(patterns)
+        )
+        self._index = _Trie(self.patterns)
+        self._texts = [str(pattern) for pattern in self.patterns]
+        self._order = {pattern: position for position, pattern in enumerate(self.patterns)}
 
     def __bool__(self) -> bool:
         return bool(self.patterns)
@@ -204,7 +361,7 @@ class PathSet:
 
     def texts(self) -> list[str]:
         """The patterns as text, sorted: the canonical document form."""
-        return [str(pattern) for pattern in self.patterns]
+        return list(self._texts)
 
     def covers(self, pattern: PathPattern) -> bool:
         """Whether every path ``pattern`` matches is matched by some pattern of this set.
@@ -215,19 +372,11 @@ class PathSet:
         pattern is checked length by length; beyond the longest member only recursive members
         can match and their verdict no longer depends on the length, so the check stops there.
         """
-        if any(member.contains(pattern) for member in self.patterns):
-            return True
-        if not pattern.recursive or not self.patterns:
-            return False
-        longest_member = max(len(member.segments) for member in self.patterns)
-        last_length = max(len(pattern.segments), longest_member + 1)
-        for length in range(len(pattern.segments), last_length + 1):
-            fixed = PathPattern(
-                pattern.segments + (STAR,) * (length - len(pattern.segments)), False
-            )
-            if not any(member.contains(fixed) for member in self.patterns):
-                return False
-        return True
+        return self._index.covers(pattern)
+
+    def contains_alone(self, pattern: PathPattern) -> bool:
+        """Whether one member on its own contains ``pattern``."""
+        return next(self._index.containing(pattern), None) is not None
 
     def within(self, other: PathSet) -> bool:
         """Whether every path this set matches is matched by ``other``."""
@@ -238,20 +387,37 @@ class PathSet:
         return [pattern for pattern in self.patterns if not other.covers(pattern)]
 
     def intersect(self, other: PathSet) -> PathSet:
-        """The set matching exactly the paths both sets match."""
-        meets = (mine.intersect(theirs) for mine in self.patterns for theirs in other.patterns)
-        return PathSet(pattern for pattern in meets if pattern is not None)
+        """The set matching exactly the paths both sets match.
+
+        The same set as pruning every pairwise intersection, without forming them all: a
+        pattern that lies within one pattern of the other side is its own intersection with
+        it, and every other intersection it takes part in lies within it, so it is kept as
+        is; only the remaining patterns are met pairwise, each with the members of the other
+        side's trie it can meet. A narrowing (each pattern within one of its ceiling's) and a
+        meet with ``**`` are therefore linear.
+        """
+        mine = [pattern for pattern in self.patterns if other.contains_alone(pattern)]
+        theirs = [pattern for pattern in other.patterns if self.contains_alone(pattern)]
+        # No pattern of ``inside`` contains another: each side is pruned, and a pattern of
+        # one side inside a pattern of the other that lies within the first side would be
+        # inside a second pattern of its own side.
+        inside = {*mine, *theirs}
+        rest_of_mine = [pattern for pattern in self.patterns if pattern not in inside]
+        rest_of_theirs = _Trie(pattern for pattern in other.patterns if pattern not in inside)
+        meets = [
+            met
+            for pattern in rest_of_mine
+            for partner in rest_of_theirs.intersecting(pattern)
+            if (met := pattern.intersect(partner)) is not None
+        ]
+        if not meets:
+            return PathSet(inside, maximal=True)
+        return PathSet([*inside, *meets])
 
     def matches(self, path: str) -> bool:
         """Whether a canonical workspace-relative path (``"."`` for the root) matches."""
-        if self._regex is None:
-            return False
-        return self._regex.fullmatch("" if path == "." else path) is not None
+        return next(self._index.matching(path), None) is not None
 
     def first_match(self, path: str) -> PathPattern | None:
         """The first pattern (in canonical order) that matches ``path``, for explanations."""
-        subject = "" if path == "." else path
-        for pattern, regex in zip(self.patterns, self._each, strict=True):
-            if regex.fullmatch(subject):
-                return pattern
-        return None
+        return min(self._index.matching(path), key=self._order.__getitem__, default=None)

@@ -28,9 +28,11 @@ from policies.capabilities import (
     PathGrant,
     ServerTools,
     ShellGrant,
+    env_name_always_allowed,
 )
-from policies.errors import PolicyError, PolicyIssue
-from policies.globs import PathPattern, PathSet, parse_pattern
+from policies.caps import DEFAULT_DOCUMENT_LIMITS, DocumentLimits
+from policies.errors import PolicyError, PolicyIssue, PolicyTooLarge
+from policies.globs import PathSet, first_containers, parse_pattern
 from policies.limits import LIMIT_NAMES, Limits, limit_value_problem
 from policies.origins import parse_origin
 from policies.policy import Policy
@@ -41,7 +43,13 @@ _PROGRAM = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}")
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
 _SERVER_OR_ADAPTER = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _TOOL_OR_OPERATION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# The names shell.exec's ``env`` argument accepts.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _MAX_DESCRIPTION = 2000
+# JSON's "\ud800" escapes decode to lone surrogates, which no UTF-8 document can hold: the
+# canonical form (and so the content hash) could not be written.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_UNICODE = "contains a lone surrogate, which is not valid Unicode"
 
 
 class _DuplicateKeys(dict[str, Any]):
@@ -63,23 +71,41 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def parse_policy_json(text: str | bytes) -> Policy:
+def parse_policy_json(
+    text: str | bytes, *, limits: DocumentLimits | None = DEFAULT_DOCUMENT_LIMITS
+) -> Policy:
     """Parse a policy from JSON text, also rejecting keys an object repeats.
 
     Prefer this over ``json.loads`` + ``parse_policy`` when the raw body is at hand: a plain
-    JSON decoder silently keeps the last of two equal keys.
+    JSON decoder silently keeps the last of two equal keys. ``limits`` caps the text's bytes
+    (checked before decoding) and every list (``PolicyTooLarge``); None lifts the caps.
     """
+    if limits is not None:
+        size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+        if size > limits.bytes:
+            raise PolicyTooLarge("", limit="bytes", maximum=limits.bytes, actual=size)
     try:
         data = json.loads(text, object_pairs_hook=_json_object)
     except ValueError as error:
         raise PolicyError([PolicyIssue("", f"is not valid JSON: {error}")]) from None
-    return parse_policy(data)
+    except RecursionError:
+        raise PolicyError([PolicyIssue("", "nests too deeply to be a policy")]) from None
+    return parse_policy(data, limits=limits)
 
 
-def parse_policy(data: object) -> Policy:
-    """Parse a JSON-like policy document strictly; raises PolicyError listing every issue."""
+def parse_policy(
+    data: object, *, limits: DocumentLimits | None = DEFAULT_DOCUMENT_LIMITS
+) -> Policy:
+    """Parse a JSON-like policy document strictly; raises PolicyError listing every issue.
+
+    ``limits`` caps every list (``PolicyTooLarge`` at the first one over its cap, before its
+    items are read); None lifts the caps, for documents that were checked when published.
+    """
+    unwritable = _lone_surrogate(data, "")
+    if unwritable is not None:
+        raise PolicyError([PolicyIssue(unwritable, _NOT_UNICODE)])
     issues: list[PolicyIssue] = []
-    reader = _Reader(issues)
+    reader = _Reader(issues, limits)
     grants: dict[str, Grant] = {}
     description = None
     if reader.mapping(data, "", required=("capabilities",), optional=("description",)):
@@ -104,11 +130,48 @@ def parse_policy(data: object) -> Policy:
     )
 
 
+def _shown_key(key: str) -> str:
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _lone_surrogate(value: object, path: str) -> str | None:
+    """The path of the first string or key holding a lone surrogate, or None.
+
+    Checked before anything else, because every message would echo it: keys are shown
+    escaped (``\\ud800``) so the answer itself can be written.
+    """
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            at = f"{path}.{_shown_key(key)}" if path else _shown_key(key)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return at
+            found = _lone_surrogate(item, at)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
 class _Reader:
     """Type checks that record an issue at a path instead of raising, so all are collected."""
 
-    def __init__(self, issues: list[PolicyIssue]) -> None:
+    def __init__(self, issues: list[PolicyIssue], limits: DocumentLimits | None) -> None:
         self.issues = issues
+        self.caps = limits
+
+    def bounded(self, value: Mapping[Any, Any] | list[Any], path: str, cap: str) -> None:
+        """Raise ``PolicyTooLarge`` if ``value`` holds more items than the ``cap`` allows."""
+        if self.caps is None:
+            return
+        maximum = getattr(self.caps, cap)
+        if len(value) > maximum:
+            raise PolicyTooLarge(path, limit=cap, maximum=maximum, actual=len(value))
 
     def issue(self, path: str, message: str) -> None:
         self.issues.append(PolicyIssue(path, message))
@@ -155,7 +218,7 @@ class _Reader:
         return value if value in APPROVALS else APPROVAL_NEVER
 
     def items(
-        self, value: object, path: str, convert: Callable[[str], Any]
+        self, value: object, path: str, convert: Callable[[str], Any], *, cap: str
     ) -> list[tuple[int, str, Any]] | None:
         """A non-empty list of strings, each converted; issues for every bad or repeated item.
 
@@ -168,34 +231,34 @@ class _Reader:
         if not value:
             self.issue(path, "must not be empty; leave the capability out to deny it")
             return None
+        self.bounded(value, path, cap)
         good: list[tuple[int, str, Any]] = []
         first_index: dict[Any, int] = {}
         for index, item in enumerate(value):
-            at = f"{path}[{index}]"
             if not isinstance(item, str):
-                self.issue(at, f"must be a string, not {_type_name(item)}")
+                self.issue(f"{path}[{index}]", f"must be a string, not {_type_name(item)}")
                 continue
             try:
                 converted = convert(item)
             except ValueError as error:
-                self.issue(at, f"'{item}': {error}")
+                self.issue(f"{path}[{index}]", f"'{item}': {error}")
                 continue
-            if converted in first_index:
-                self.issue(at, f"'{item}' repeats [{first_index[converted]}]")
+            first = first_index.setdefault(converted, index)
+            if first != index:
+                self.issue(f"{path}[{index}]", f"'{item}' repeats [{first}]")
                 continue
-            first_index[converted] = index
             good.append((index, item, converted))
         return good
 
     def names(
-        self, value: object, path: str, pattern: re.Pattern[str], what: str
+        self, value: object, path: str, pattern: re.Pattern[str], what: str, *, cap: str
     ) -> frozenset[str] | None:
         def convert(text: str) -> str:
             if not pattern.fullmatch(text):
                 raise ValueError(f"not a valid {what} name")
             return text
 
-        items = self.items(value, path, convert)
+        items = self.items(value, path, convert, cap=cap)
         return None if items is None else frozenset(text for _, text, _ in items)
 
     def limits(self, grant: Mapping[str, Any], path: str) -> Limits:
@@ -228,30 +291,48 @@ def _paths(reader: _Reader, raw: object, path: str) -> PathGrant | None:
         return None
     approval = reader.approval(raw, path)
     at = f"{path}.paths"
-    items = reader.items(raw.get("paths"), at, parse_pattern) if "paths" in raw else None
+    items = (
+        reader.items(raw.get("paths"), at, parse_pattern, cap="paths") if "paths" in raw else None
+    )
     if not items:
         return None
     # A pattern another one already covers says nothing; more likely a mistake than intent.
-    patterns: list[tuple[int, PathPattern]] = [(index, pattern) for index, _, pattern in items]
-    for index, pattern in patterns:
-        for other_index, other in patterns:
-            if other_index != index and other.contains(pattern):
-                reader.issue(
-                    f"{at}[{index}]",
-                    f"'{pattern}' is already covered by '{other}' at [{other_index}]",
-                )
-                break
-    return PathGrant(approval, PathSet(pattern for _, pattern in patterns))
+    patterns = [pattern for _, _, pattern in items]
+    covered = False
+    for (index, _, pattern), container in zip(items, first_containers(patterns), strict=True):
+        if container is not None:
+            covered = True
+            other_index, _, other = items[container]
+            reader.issue(
+                f"{at}[{index}]", f"'{pattern}' is already covered by '{other}' at [{other_index}]"
+            )
+    return None if covered else PathGrant(approval, PathSet(patterns, maximal=True))
+
+
+def _env_name(text: str) -> str:
+    if not _ENV_NAME.fullmatch(text):
+        raise ValueError("not a valid environment variable name (letters, digits, '_')")
+    if env_name_always_allowed(text):
+        raise ValueError("is always allowed; leave it out")
+    return text
 
 
 def _shell(reader: _Reader, raw: object, path: str) -> ShellGrant | None:
-    if not reader.mapping(raw, path, optional=("approval", "commands", "limits")):
+    if not reader.mapping(raw, path, optional=("approval", "commands", "env", "limits")):
         return None
     commands: Names | None = EVERYTHING
     if "commands" in raw:
-        commands = reader.names(raw["commands"], f"{path}.commands", _PROGRAM, "program")
+        commands = reader.names(
+            raw["commands"], f"{path}.commands", _PROGRAM, "program", cap="commands"
+        )
+    env: frozenset[str] | None = frozenset()
+    if "env" in raw:
+        items = reader.items(raw["env"], f"{path}.env", _env_name, cap="env")
+        env = None if items is None else frozenset(text for _, text, _ in items)
     approval, limits = reader.approval(raw, path), reader.limits(raw, path)
-    return None if commands is None else ShellGrant(approval, commands, limits)
+    if commands is None or env is None:
+        return None
+    return ShellGrant(approval, commands, limits, env)
 
 
 def _code(reader: _Reader, raw: object, path: str) -> CodeGrant | None:
@@ -276,6 +357,7 @@ def _http(reader: _Reader, raw: object, path: str) -> HttpGrant | None:
         raw["allow"],
         f"{path}.allow",
         lambda text: parse_origin(text, allow_ip_literals=allow_ip_literals),
+        cap="origins",
     )
     if not items:
         return None
@@ -287,7 +369,7 @@ def _models(reader: _Reader, raw: object, path: str) -> ModelGrant | None:
         return None
     approval = reader.approval(raw, path)
     models = (
-        reader.names(raw.get("models"), f"{path}.models", _MODEL, "model")
+        reader.names(raw.get("models"), f"{path}.models", _MODEL, "model", cap="models")
         if "models" in raw
         else None
     )
@@ -295,7 +377,13 @@ def _models(reader: _Reader, raw: object, path: str) -> ModelGrant | None:
 
 
 def _keyed(
-    reader: _Reader, raw: object, path: str, what: str, parse_entry: Callable[[object, str], Any]
+    reader: _Reader,
+    raw: object,
+    path: str,
+    what: str,
+    parse_entry: Callable[[object, str], Any],
+    *,
+    cap: str,
 ) -> tuple[tuple[str, Any], ...] | None:
     """A non-empty ``{name: entry}`` object of servers or adapters, sorted by name."""
     if not reader.mapping(raw, path):
@@ -303,6 +391,7 @@ def _keyed(
     if not raw:
         reader.issue(path, "must not be empty; leave the capability out to deny it")
         return None
+    reader.bounded(raw, path, cap)
     entries = []
     for name, entry in raw.items():
         at = f"{path}.{name}"
@@ -328,13 +417,15 @@ def _mcp(reader: _Reader, raw: object, path: str) -> McpGrant | None:
         if not reader.mapping(entry, at, required=("tools",), optional=("dangerous",)):
             return None
         tools = (
-            reader.names(entry.get("tools"), f"{at}.tools", _TOOL_OR_OPERATION, "tool")
+            reader.names(entry.get("tools"), f"{at}.tools", _TOOL_OR_OPERATION, "tool", cap="tools")
             if "tools" in entry
             else None
         )
         dangerous: frozenset[str] = frozenset()
         if "dangerous" in entry:
-            opted = reader.names(entry["dangerous"], f"{at}.dangerous", _TOOL_OR_OPERATION, "tool")
+            opted = reader.names(
+                entry["dangerous"], f"{at}.dangerous", _TOOL_OR_OPERATION, "tool", cap="tools"
+            )
             dangerous = opted or frozenset()
             for index, name in enumerate(entry["dangerous"] if opted else ()):
                 if tools is not None and name not in tools:
@@ -344,7 +435,7 @@ def _mcp(reader: _Reader, raw: object, path: str) -> McpGrant | None:
         return ServerTools(tools, dangerous) if tools else None
 
     servers = (
-        _keyed(reader, raw.get("servers"), f"{path}.servers", "server", server)
+        _keyed(reader, raw.get("servers"), f"{path}.servers", "server", server, cap="servers")
         if "servers" in raw
         else None
     )
@@ -362,11 +453,15 @@ def _adapters(reader: _Reader, raw: object, path: str) -> AdapterGrant | None:
         if "operations" not in entry:
             return None
         return reader.names(
-            entry["operations"], f"{at}.operations", _TOOL_OR_OPERATION, "operation"
+            entry["operations"],
+            f"{at}.operations",
+            _TOOL_OR_OPERATION,
+            "operation",
+            cap="operations",
         )
 
     adapters = (
-        _keyed(reader, raw.get("adapters"), f"{path}.adapters", "adapter", adapter)
+        _keyed(reader, raw.get("adapters"), f"{path}.adapters", "adapter", adapter, cap="adapters")
         if "adapters" in raw
         else None
     )

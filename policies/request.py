@@ -21,6 +21,10 @@ class Request:
     paths: tuple[str, ...] = ()
     # The program a shell call runs: argv[0] for argv calls, "sh" for scripts.
     command: str | None = None
+    # The names of the environment variables a shell call overlays (its ``env``), sorted.
+    # Variables change what a program loads and runs (LD_PRELOAD, BASH_ENV, PYTHONPATH), so
+    # the policy judges them as it judges the program (shell.exec ``env``).
+    env_names: tuple[str, ...] = ()
     # Absolute URL a network call reaches (net.http).
     url: str | None = None
     # mcp.call: server and tool; adapter.invoke: adapter and operation; model.invoke: model.

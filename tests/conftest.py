@@ -41,7 +41,12 @@ ENVIRONMENT_POLICY = {
     "capabilities": {
         "fs.read": {"paths": ["**"]},
         "fs.write": {"paths": ["src/**", "out/**"]},
-        "shell.exec": {"approval": "always", "limits": {"timeout_s": 60}},
+        # env: the variables tests overlay beyond the always-allowed ones (docs/policy.md).
+        "shell.exec": {
+            "approval": "always",
+            "env": ["API", "API_KEY"],
+            "limits": {"timeout_s": 60},
+        },
         "code.exec": {"limits": {"timeout_s": 30}},
         "net.http": {"allow": ["https://api.github.com:443"]},
     }

@@ -8,6 +8,8 @@ is immutable, so the cache can never keep an old width alive (POL-3).
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -33,15 +35,30 @@ SURFACE_MASKS: dict[str, Policy] = {
 EMPTY_POLICY = Policy.deny_all()
 
 
-@lru_cache(maxsize=1024)
-def _parsed(sha256: str, document_json: str) -> Policy:
-    return parse_policy(json.loads(document_json))
+# Parsed versions, by (version id, content hash); a version never changes, so the cache can
+# never keep an old width alive.
+_PARSED: OrderedDict[tuple[str, str], Policy] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+PARSED_CACHE_SIZE = 1024
 
 
 def policy_of(version: PolicyVersion | None) -> Policy | None:
     if version is None:
         return None
-    return _parsed(version.sha256, json.dumps(version.document, sort_keys=True))
+    key = (version.public_id, version.sha256)
+    with _PARSED_LOCK:
+        policy = _PARSED.get(key)
+        if policy is not None:
+            _PARSED.move_to_end(key)
+            return policy
+    # Stored versions were held to the caps when they were published; lowering a cap later
+    # must not make a published version unreadable, so none is applied here.
+    policy = parse_policy(json.loads(json.dumps(version.document)), limits=None)
+    with _PARSED_LOCK:
+        _PARSED[key] = policy
+        while len(_PARSED) > PARSED_CACHE_SIZE:
+            _PARSED.popitem(last=False)
+    return policy
 
 
 def environment_ceiling(environment) -> Policy:
@@ -142,14 +159,39 @@ def effective_policy(*, project, principal, mode: Mode, surface: str = "api") ->
     if surface not in SURFACE_MASKS:
         raise ValidationFailed(f"Unknown surface {surface!r}.", details={"surface": ["unknown"]})
     env_version, prj_version = _current_versions(project)
-    layers = [policy_of(env_version) or EMPTY_POLICY]
-    if prj_version is not None:
-        layers.append(policy_of(prj_version))
-    layers += [SURFACE_MASKS[surface], mode_mask(mode), token_mask(principal, project.organization)]
+    policy = _layered(
+        _version_key(env_version),
+        _version_key(prj_version),
+        policy_of(env_version) or EMPTY_POLICY,
+        policy_of(prj_version),
+        SURFACE_MASKS[surface],
+        mode_mask(mode),
+        token_mask(principal, project.organization),
+    )
     return EffectivePolicy(
-        policy=meet_all(*layers),
+        policy=policy,
         mode=mode,
         surface=surface,
         environment_version=env_version.public_id if env_version else None,
         project_version=prj_version.public_id if prj_version else None,
     )
+
+
+def _version_key(version: PolicyVersion | None) -> tuple[str, str] | None:
+    return None if version is None else (version.public_id, version.sha256)
+
+
+@lru_cache(maxsize=1024)
+def _layered(
+    environment_key: tuple[str, str] | None,
+    project_key: tuple[str, str] | None,
+    environment: Policy,
+    project: Policy | None,
+    *masks: Policy,
+) -> Policy:
+    """Environment ∩ Project ∩ masks, computed once per combination of immutable versions
+    (the keys) and masks: a meet of two large documents costs milliseconds, and every call
+    asks for one. The keys make two versions that merely grant the same never share an entry,
+    so the effective document is exactly the one a fresh meet would give."""
+    layers = [environment] if project is None else [environment, project]
+    return meet_all(*layers, *masks)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+from django.conf import settings
 from django.db import transaction
 
 from kestrel_one.audit.services import audit_record
@@ -10,7 +13,7 @@ from kestrel_one.governance.models import PolicyVersion
 from kestrel_one.governance.selectors import environment_ceiling, policy_of
 from kestrel_one.tenancy.models import Environment, Project
 from kestrel_one.webhooks.services import webhook_emit_policy_published
-from policies import PolicyError, parse_policy, parse_policy_json, widenings
+from policies import DocumentLimits, PolicyError, PolicyTooLarge, parse_policy_json, widenings
 
 
 class PolicyWidens(KestrelError):
@@ -18,13 +21,53 @@ class PolicyWidens(KestrelError):
     status = 400
 
 
+class PolicyTooLargeError(KestrelError):
+    code = "policy_too_large"
+    status = 400
+
+
+def document_limits() -> DocumentLimits:
+    """The caps every published document is held to (settings.KESTREL_POLICY_LIMITS)."""
+    return DocumentLimits(**settings.KESTREL_POLICY_LIMITS)
+
+
+def limit_setting(limit: str) -> str:
+    """The setting that holds the ``DocumentLimits`` field ``limit``."""
+    return f"KESTREL_POLICY_MAX_{limit.upper()}"
+
+
+def _too_large(exc: PolicyTooLarge) -> PolicyTooLargeError:
+    field = exc.path or "(document)"
+    setting = limit_setting(exc.limit)
+    if exc.limit == "bytes":
+        what = f"The policy document is {exc.actual} bytes; at most {exc.maximum} are allowed"
+    else:
+        what = f"{field} has {exc.actual} items; at most {exc.maximum} are allowed"
+    hint = (
+        " Grant a directory ('dir/**') instead of listing what is in it."
+        if exc.limit == "paths"
+        else ""
+    )
+    return PolicyTooLargeError(
+        f"{what} ({setting}).{hint} Nothing was published; the operator can raise {setting}.",
+        details={
+            "field": field,
+            "limit": exc.maximum,
+            "actual": exc.actual,
+            "setting": setting,
+        },
+    )
+
+
 def _parse(document: bytes | dict) -> object:
-    """Parse strictly. Raw request bytes are preferred: only they show repeated JSON keys,
-    which a parsed dict has already silently collapsed."""
+    """Parse strictly, within the document caps. Raw request bytes are preferred: only they
+    show repeated JSON keys, which a parsed dict has already silently collapsed."""
+    if not isinstance(document, bytes | str):
+        document = json.dumps(document, ensure_ascii=False)
     try:
-        if isinstance(document, bytes | str):
-            return parse_policy_json(document)
-        return parse_policy(document)
+        return parse_policy_json(document, limits=document_limits())
+    except PolicyTooLarge as exc:
+        raise _too_large(exc) from None
     except PolicyError as exc:
         issues = [{"path": issue.path, "message": issue.message} for issue in exc.issues]
         raise ValidationFailed(

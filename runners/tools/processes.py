@@ -113,7 +113,14 @@ def _shell_request(args: Mapping[str, Any]) -> Request:
     # argv[0] exactly as given: a basename would let "./git" (a file in the workspace) pass a
     # rule written for "git" (the program on the sandbox's fixed PATH).
     command = args["argv"][0] if "argv" in args else "sh"
-    return Request(capability="shell.exec", command=command, limits=timeout_limits(args))
+    # The overlay's names, so the policy sees what the call would change about how the
+    # program loads and runs (LD_PRELOAD, BASH_ENV, ...); the values are never judged.
+    return Request(
+        capability="shell.exec",
+        command=command,
+        env_names=tuple(sorted(args.get("env", {}))),
+        limits=timeout_limits(args),
+    )
 
 
 def _python_request(args: Mapping[str, Any]) -> Request:

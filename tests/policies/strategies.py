@@ -26,6 +26,8 @@ ORIGINS = (
 )
 MODELS = ("gpt-4o", "claude-3", "llama-3")
 PROGRAMS = ("git", "make", "python", "sh")
+# shell.exec env grants; requests also overlay LANG, which is always allowed.
+ENV_NAMES = ("APP_MODE", "DEBUG", "LD_PRELOAD")
 SERVERS = ("github", "jira")
 TOOLS = ("search", "create", "delete")
 ADAPTERS = ("s3", "slack")
@@ -99,6 +101,9 @@ def capability_documents(draw: st.DrawFn, capability: str) -> dict:
         commands = draw(st.none() | subsets(PROGRAMS))
         if commands is not None:
             grant["commands"] = commands
+        env = draw(st.none() | subsets(ENV_NAMES))
+        if env is not None:
+            grant["env"] = env
     elif capability == "code.exec":
         grant = {"limits": draw(limit_documents)}
     elif capability == "net.http":
@@ -158,6 +163,9 @@ def requests(draw: st.DrawFn, capabilities: tuple[str, ...] | None = None) -> Re
         capability=capability,
         paths=draw(request_paths),
         command=draw(st.sampled_from((None, *PROGRAMS, "rm"))),
+        env_names=tuple(
+            draw(subsets(("APP_MODE", "DEBUG", "LANG", "LD_PRELOAD"), allow_empty=True))
+        ),
         url=draw(st.sampled_from(REQUEST_URLS)),
         mcp_server=draw(st.sampled_from((None, *SERVERS, "slack"))),
         mcp_tool=draw(st.sampled_from((None, *TOOLS))),
