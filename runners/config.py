@@ -22,7 +22,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from runners.contract.broker import is_redis_url, kombu_url, redis_client_url
 from runners.contract.names import runner_queue
-from runners.contract.tokens import load_private_key, load_public_key
+from runners.contract.tokens import (
+    DEFAULT_MAX_REPORT_BYTES,
+    load_private_key,
+    load_public_key,
+)
 from runners.sandbox import BACKEND_FACTORIES
 
 __all__ = ["SANDBOX_CHOICES", "RunnerConfig", "RunnerConfigError"]
@@ -33,6 +37,9 @@ DEFAULT_MAX_CALL_SECONDS = 600
 # Most calls end well within a second; a call still running after this long gets its own
 # "started" report, the others only their "finished" one (docs/runners.md#reports).
 DEFAULT_STARTED_REPORT_DELAY_SECONDS = 1.0
+# A report is cut to fit this (runners.report_budget); below the minimum not even an error
+# report with its scope would fit.
+MIN_REPORT_BYTES = 16 * 1024
 
 _RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -57,6 +64,9 @@ class RunnerConfig:
     max_call_seconds: int = DEFAULT_MAX_CALL_SECONDS
     # 0 sends "started" as soon as the call starts, for every call.
     started_report_delay_s: float = DEFAULT_STARTED_REPORT_DELAY_SECONDS
+    # The signed finished report's size budget; keep it at most the control plane's
+    # KESTREL_MAX_REPORT_BYTES (the same variable and default on both sides).
+    max_report_bytes: int = DEFAULT_MAX_REPORT_BYTES
 
     @property
     def queue(self) -> str:
@@ -111,6 +121,13 @@ class RunnerConfig:
             "KESTREL_STARTED_REPORT_DELAY_SECONDS",
             DEFAULT_STARTED_REPORT_DELAY_SECONDS,
         )
+        max_report = env_whole_number(
+            env, "KESTREL_MAX_REPORT_BYTES", DEFAULT_MAX_REPORT_BYTES, hint=" of bytes"
+        )
+        if max_report < MIN_REPORT_BYTES:
+            raise RunnerConfigError(
+                f"KESTREL_MAX_REPORT_BYTES must be at least {MIN_REPORT_BYTES}, got {max_report}"
+            )
         workspace_root = Path(required("KESTREL_WORKSPACE_ROOT"))
         if not workspace_root.is_dir():
             raise RunnerConfigError(
@@ -127,6 +144,7 @@ class RunnerConfig:
             sandbox=sandbox,
             max_call_seconds=max_call,
             started_report_delay_s=started_delay,
+            max_report_bytes=max_report,
         )
         # Read both keys now so that a bad file stops the runner at start, not at a call.
         config.private_key()

@@ -39,6 +39,7 @@ from runners.contract.tokens import (
     verify_command,
     verify_control_message,
 )
+from runners.report_budget import REPORT_TOO_LARGE, fit_result
 from runners.sandbox import (
     ExecLimits,
     SandboxBackend,
@@ -338,16 +339,46 @@ class Runner:
         sandbox: str | None = None,
         started_at: str | None = None,
     ) -> str:
-        return self._sign(
-            command,
-            event="finished",
-            outcome=outcome,
-            result=result,
-            error=error,
-            sandbox=sandbox,
-            started_at=started_at,
-            finished_at=_utc_now(),
+        """The signed finished report, within the report budget (``runners.report_budget``):
+        a result too large is cut, saying so, and one that cannot be cut enough becomes a
+        failure that says why, so the call still gets a report the control plane takes."""
+        finished_at = _utc_now()
+
+        def signed(result: dict[str, Any] | None, **overrides: Any) -> str:
+            claims = {"outcome": outcome, "error": error, **overrides}
+            return self._sign(
+                command,
+                event="finished",
+                result=result,
+                sandbox=sandbox,
+                started_at=started_at,
+                finished_at=finished_at,
+                **claims,
+            )
+
+        token = signed(result)
+        budget = self.config.max_report_bytes
+        if result is None or len(token) <= budget:
+            return token
+        fitted = fit_result(result, lambda candidate: len(signed(candidate)), budget)
+        if fitted is not None:
+            self._log("report_cut", call_id=command.jti, report_bytes=len(token), budget=budget)
+            return signed(fitted)
+        self._log(
+            "report_too_large",
+            level=logging.WARNING,
+            call_id=command.jti,
+            report_bytes=len(token),
+            budget=budget,
         )
+        too_large = {
+            "code": REPORT_TOO_LARGE,
+            "message": (
+                f"the call ran, but its result does not fit in a report of {budget} bytes "
+                "(KESTREL_MAX_REPORT_BYTES) even when cut; nothing of it was kept"
+            ),
+        }
+        return signed(None, outcome="failed", error=too_large)
 
     def _sign(self, command: Command, **claims: Any) -> str:
         return sign_result(

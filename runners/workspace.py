@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, MutableSequence, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,30 +174,57 @@ class Workspace:
         """
         *parents, name = _components_of_file(path)
         with self._directory(path, parents, create=True) as dir_fd:
-            existing = _lstat_at(name, dir_fd)
-            if existing is not None and stat.S_ISLNK(existing.st_mode):
-                raise PathRefused(path, "is a symbolic link; links are never followed")
-            if existing is not None and not stat.S_ISREG(existing.st_mode):
-                raise WrongFileType(path, "exists and is not a regular file")
-            temp_name = _TEMP_PREFIX + secrets.token_hex(8)
-            fd = os.open(
-                temp_name,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-                dir_fd=dir_fd,
-            )
+            _require_replaceable(path, name, dir_fd)
+            temp_name = _write_temporary(dir_fd, data)
             try:
-                with os.fdopen(fd, "wb") as file:
-                    file.write(data)
-                    file.flush()
-                    _give_to_sandbox_user(file.fileno())
-                    os.fsync(file.fileno())
                 os.replace(temp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temp_name, dir_fd=dir_fd)
                 raise
         return FileDigest(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def write_all(self, directories: Sequence[str], files: Sequence[tuple[str, bytes]]) -> int:
+        """Create ``directories`` and write ``files``, all of them or none; bytes written.
+
+        Every file is first written to a temporary file beside its target (the directories
+        it needs created on the way); only when all of them are written, which is where a
+        link in the way, a file where a directory must be or a full disk shows, are they
+        renamed into place. On any failure the temporary files and the directories this call
+        created are removed again and the workspace is as it was.
+        """
+        created: list[str] = []
+        staged: list[tuple[str, str]] = []  # (target path, temporary name beside it)
+        try:
+            for directory in directories:
+                with self._directory(
+                    directory, split_relative_path(directory), create=True, created=created
+                ):
+                    pass
+            for path, data in files:
+                *parents, name = _components_of_file(path)
+                with self._directory(path, parents, create=True, created=created) as dir_fd:
+                    _require_replaceable(path, name, dir_fd)
+                    staged.append((path, _write_temporary(dir_fd, data)))
+            for path, temp_name in staged:
+                *parents, name = _components_of_file(path)
+                with self._directory(path, parents) as dir_fd:
+                    _require_replaceable(path, name, dir_fd)
+                    os.replace(temp_name, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            staged = []
+        except BaseException:
+            for path, temp_name in staged:
+                *parents, _ = _components_of_file(path)
+                with contextlib.suppress(OSError, WorkspaceError):
+                    with self._directory(path, parents) as dir_fd:
+                        os.unlink(temp_name, dir_fd=dir_fd)
+            for directory in reversed(created):
+                *parents, name = split_relative_path(directory)
+                with contextlib.suppress(OSError, WorkspaceError):
+                    with self._directory(directory, parents) as dir_fd:
+                        os.rmdir(name, dir_fd=dir_fd)
+            raise
+        return sum(len(data) for _, data in files)
 
     def list(self, path: str, *, max_entries: int) -> tuple[list[DirectoryEntry], bool]:
         """The entries of the directory at ``path`` sorted by name, and whether cut short."""
@@ -234,8 +261,16 @@ class Workspace:
             pass
 
     @contextlib.contextmanager
-    def _directory(self, path: str, parts: Sequence[str], *, create: bool = False) -> Iterator[int]:
-        """A descriptor for the directory ``parts`` below the root, walked link-free."""
+    def _directory(
+        self,
+        path: str,
+        parts: Sequence[str],
+        *,
+        create: bool = False,
+        created: MutableSequence[str] | None = None,
+    ) -> Iterator[int]:
+        """A descriptor for the directory ``parts`` below the root, walked link-free; with
+        ``create``, missing ones are made (and their paths appended to ``created``)."""
         fd = os.open(self.root, _DIR_FLAGS)
         try:
             for index, part in enumerate(parts):
@@ -243,6 +278,8 @@ class Workspace:
                 if create and _lstat_at(part, fd) is None:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
+                        if created is not None:
+                            created.append(walked)
                         if os.geteuid() == 0:
                             uid, gid = workspace_owner()
                             os.chown(part, uid, gid, dir_fd=fd, follow_symlinks=False)
@@ -262,6 +299,37 @@ class Workspace:
         except OSError as error:
             _raise_for_link(path, name, dir_fd)
             raise WrongFileType(path, error.strerror or "cannot be opened") from None
+
+
+def _require_replaceable(path: str, name: str, dir_fd: int) -> None:
+    existing = _lstat_at(name, dir_fd)
+    if existing is not None and stat.S_ISLNK(existing.st_mode):
+        raise PathRefused(path, "is a symbolic link; links are never followed")
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise WrongFileType(path, "exists and is not a regular file")
+
+
+def _write_temporary(dir_fd: int, data: bytes) -> str:
+    """``data`` in a new temporary file in ``dir_fd``, synced and given to the sandbox user;
+    its name. Removed again if the write fails."""
+    temp_name = _TEMP_PREFIX + secrets.token_hex(8)
+    fd = os.open(
+        temp_name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o644,
+        dir_fd=dir_fd,
+    )
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            _give_to_sandbox_user(file.fileno())
+            os.fsync(file.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name, dir_fd=dir_fd)
+        raise
+    return temp_name
 
 
 def _components_of_file(path: str) -> tuple[str, ...]:

@@ -74,6 +74,8 @@ def local_runner_environment() -> dict[str, str]:
         "KESTREL_WORKSPACE_ROOT": str(workspaces),
         "KESTREL_SANDBOX": os.environ.get("KESTREL_SANDBOX", "auto"),
         "KESTREL_MAX_CALL_SECONDS": str(settings.KESTREL_MAX_CALL_SECONDS),
+        # The runner fits its reports into what this control plane records.
+        "KESTREL_MAX_REPORT_BYTES": str(settings.KESTREL_MAX_REPORT_BYTES),
     }
 
 
