@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import kombu.exceptions
@@ -46,7 +47,12 @@ from runners.sandbox import (
     select_backend,
 )
 from runners.started import StartedReport, StartTimer, daemon_timer
-from runners.workspace import workspace_for
+from runners.workspace import (
+    WorkspaceFull,
+    workspace_for,
+    workspace_free_bytes,
+    workspace_remove,
+)
 
 # What a receipt names as the sandbox of a tool that starts no process: the workspace, whose
 # openat walk is that tool's whole boundary (RUN-6). A process tool names its backend, or
@@ -123,11 +129,33 @@ class Runner:
             return Disposition.REFUSED
         # verify_control_message knows no other type; this guard keeps a new one from being
         # half handled if it is added there first.
-        if message.type != "thread.end":
+        if message.type == "thread.end":
+            self._end_thread(message)
+        elif message.type == "project.delete":
+            self._delete_project(message)
+        else:
             self._log("control_refused", level=logging.WARNING, code="unknown_type")
             return Disposition.REFUSED
-        self._end_thread(message)
         return Disposition.APPLIED
+
+    def _delete_project(self, message: ControlMessage) -> None:
+        """Remove a deleted project's workspace on this host: files, quota image and all."""
+        try:
+            removed = workspace_remove(self.config.workspace_root, message.prj)
+        except (OSError, RunnerError) as error:
+            self._log(
+                "workspace_remove_failed",
+                level=logging.ERROR,
+                project=message.prj,
+                error=f"{type(error).__name__}: {error}"[:500],
+            )
+            return
+        self._log(
+            "workspace_removed",
+            project=message.prj,
+            control_message=message.jti,
+            removed=removed,
+        )
 
     def _end_thread(self, message: ControlMessage) -> None:
         try:
@@ -272,8 +300,13 @@ class Runner:
         """Run the tool; every failure becomes a typed error, nothing escapes unsandboxed."""
         backend: SandboxBackend | None = None
         try:
-            workspace = workspace_for(self.config.workspace_root, command.prj)
-            if get_tool(command.tool).runs_process:
+            workspace = workspace_for(
+                self.config.workspace_root, command.prj, quota_mb=self.config.workspace_quota_mb
+            )
+            tool = get_tool(command.tool)
+            if tool.runs_process or tool.capability == "fs.write":
+                _require_room(workspace)
+            if tool.runs_process:
                 backend = self.choose_backend(self.config.sandbox)
             result = dispatch.run_verified(
                 command.tool,
@@ -282,6 +315,7 @@ class Runner:
                 backend=backend,
                 limits=self._limits(command),
                 labels=self._labels(command),
+                read_max_file_bytes=self.config.read_max_file_bytes,
             )
         except RunnerError as error:
             outcome = ("failed", None, {"code": error.code, "message": str(error)})
@@ -399,6 +433,22 @@ class Runner:
     def _log(self, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
         record = {"event": event, "runner": self.config.runner_id, **fields}
         log.log(level, json.dumps(record, sort_keys=True, default=str))
+
+
+# A call that may write does not start in a workspace with less room than this: it would
+# fail part way, or leave a command unable to write its own temporary files.
+MIN_FREE_WORKSPACE_BYTES = 1024 * 1024
+
+
+def _require_room(workspace: Path) -> None:
+    """Refuse, before it runs, a writing call in a workspace that is already full."""
+    free = workspace_free_bytes(workspace)
+    if free < MIN_FREE_WORKSPACE_BYTES:
+        raise WorkspaceFull(
+            ".",
+            f"the workspace is full ({free} bytes free; its size is the runner's "
+            "KESTREL_WORKSPACE_QUOTA_MB); delete files in it before writing more",
+        )
 
 
 def _utc_now() -> str:
