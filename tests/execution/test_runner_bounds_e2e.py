@@ -5,13 +5,17 @@ the removal of a deleted project's workspace."""
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 
 import pytest
 from django.db import connection
 
-from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.artifacts.models import Artifact
 from kestrel_one.execution.models import ActionState, Receipt
+from kestrel_one.tenancy.services import project_delete
+from runners.workspace import WorkspaceQuota
 from tests.execution.test_end_to_end import E2E_POLICY, RUNNER_ID, assert_receipt, run
 from tests.execution.workers import governed_thread, real_workers
 
@@ -63,3 +67,45 @@ def test_output_whose_report_would_be_too_large_still_gets_its_receipt(e2e):
     assert artifact.size == cut["kept_bytes"]
     assert "the command printed 700000 bytes" in result["stdout"]
     assert Receipt.objects.filter(action=shell).count() == 1
+
+
+def wait_for(condition, what: str, e2e) -> None:
+    for _ in range(300):  # bounded by attempts: 300 polls of 0.1 s
+        if condition():
+            return
+        time.sleep(0.1)
+    logs = (e2e["logs"] / "runner.log").read_text()[-3000:]
+    raise AssertionError(f"{what} never happened; runner log:\n{logs}")
+
+
+@pytest.mark.spec("RUN-3")
+def test_a_sandboxed_command_cannot_fill_the_host_disk(e2e):
+    """``fallocate -l 5G`` in the sandbox grew the host's disk by 5 GB; the workspace is now
+    a filesystem of KESTREL_WORKSPACE_QUOTA_MB (1024 by default), so it fails there."""
+    shell = run(e2e, "shell.exec", {"script": "fallocate -l 5G big; echo rc=$?; df -k ."})
+    assert shell.state == ActionState.SUCCEEDED, shell.error
+    assert "rc=1" in shell.result["stdout"] and "No space left" in shell.result["stderr"]
+    workspace = e2e["workspace"]
+    assert os.path.ismount(workspace)
+    image = WorkspaceQuota(workspace.parent).image(workspace.name)
+    assert os.stat(image).st_blocks * 512 <= 1024 * 1024 * 1024
+    listed = run(e2e, "fs.list", {"path": "."})
+    assert [entry["name"] for entry in listed.result["entries"]] == ["big"]
+
+
+def test_deleting_a_project_removes_its_workspace_through_the_runner(e2e):
+    """The control plane tells the pool on commit (``project.delete``); the runner removes
+    the workspace, its quota filesystem and its image."""
+    wrote = run(e2e, "fs.write", {"path": "notes/a.txt", "content": "kept until deleted"})
+    assert wrote.state == ActionState.SUCCEEDED, wrote.error
+    workspace = e2e["workspace"]
+    image = WorkspaceQuota(workspace.parent).image(workspace.name)
+    assert (workspace / "notes" / "a.txt").exists() and image.exists()
+
+    project_delete(actor=system_principal("tests"), project=e2e["thread"].project)
+    wait_for(
+        lambda: not os.path.lexists(workspace) and not image.exists(),
+        "removal of the deleted project's workspace",
+        e2e,
+    )
+    assert not os.path.ismount(workspace)
