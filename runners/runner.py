@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import kombu.exceptions
@@ -47,12 +46,7 @@ from runners.sandbox import (
     select_backend,
 )
 from runners.started import StartedReport, StartTimer, daemon_timer
-from runners.workspace import (
-    WorkspaceFull,
-    workspace_for,
-    workspace_free_bytes,
-    workspace_remove,
-)
+from runners.workspace import workspace_for, workspace_remove
 
 # What a receipt names as the sandbox of a tool that starts no process: the workspace, whose
 # openat walk is that tool's whole boundary (RUN-6). A process tool names its backend, or
@@ -303,10 +297,7 @@ class Runner:
             workspace = workspace_for(
                 self.config.workspace_root, command.prj, quota_mb=self.config.workspace_quota_mb
             )
-            tool = get_tool(command.tool)
-            if tool.runs_process or tool.capability == "fs.write":
-                _require_room(workspace)
-            if tool.runs_process:
+            if get_tool(command.tool).runs_process:
                 backend = self.choose_backend(self.config.sandbox)
             result = dispatch.run_verified(
                 command.tool,
@@ -433,22 +424,6 @@ class Runner:
     def _log(self, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
         record = {"event": event, "runner": self.config.runner_id, **fields}
         log.log(level, json.dumps(record, sort_keys=True, default=str))
-
-
-# A call that may write does not start in a workspace with less room than this: it would
-# fail part way, or leave a command unable to write its own temporary files.
-MIN_FREE_WORKSPACE_BYTES = 1024 * 1024
-
-
-def _require_room(workspace: Path) -> None:
-    """Refuse, before it runs, a writing call in a workspace that is already full."""
-    free = workspace_free_bytes(workspace)
-    if free < MIN_FREE_WORKSPACE_BYTES:
-        raise WorkspaceFull(
-            ".",
-            f"the workspace is full ({free} bytes free; its size is the runner's "
-            "KESTREL_WORKSPACE_QUOTA_MB); delete files in it before writing more",
-        )
 
 
 def _utc_now() -> str:

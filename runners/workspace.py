@@ -115,6 +115,9 @@ def workspace_remove(root: Path, project_id: str) -> bool:
         existed = existed or image.exists()
         with contextlib.suppress(FileNotFoundError):
             image.unlink()
+        # No call of a deleted project comes again (the control plane refuses them).
+        with contextlib.suppress(FileNotFoundError):
+            quota.lock_file(project_id).unlink()
     return existed
 
 
@@ -152,12 +155,13 @@ class WorkspaceQuota:
     def image(self, project_id: str) -> Path:
         return self.folder / f"{project_id}.img"
 
+    def lock_file(self, project_id: str) -> Path:
+        return self.folder / f"{project_id}.lock"
+
     @contextlib.contextmanager
     def locked(self, project_id: str) -> Iterator[None]:
         self.folder.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(
-            self.folder / f"{project_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
+        fd = os.open(self.lock_file(project_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -256,12 +260,6 @@ class WorkspaceQuota:
                 f"{detail.decode(errors='replace').strip()[:300] or error}); a quota needs a "
                 "root runner with mkfs.ext4 and loop devices, or KESTREL_WORKSPACE_QUOTA_MB=0",
             ) from None
-
-
-def workspace_free_bytes(workspace: Path) -> int:
-    """What the workspace's filesystem can still take, for the unprivileged writer."""
-    info = os.statvfs(workspace)
-    return info.f_bavail * info.f_frsize
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -362,19 +362,38 @@ def report_ingest(token: str) -> str:
     except ProtocolError as refused:
         raise ReportRefused(refused.code, str(refused)) from None
     _note_runner_seen(runner)
-    with transaction.atomic():
-        action = (
-            Action.objects.select_for_update(of=("self",))
-            .select_related("organization", "environment", "project", "thread__organization")
-            .filter(public_id=report.call_id)
-            .first()
+    try:
+        with transaction.atomic():
+            action = (
+                Action.objects.select_for_update(of=("self",))
+                .select_related("organization", "environment", "project", "thread__organization")
+                .filter(public_id=report.call_id)
+                .first()
+            )
+            if action is None or action.command_digest != report.command_digest:
+                raise ReportRefused("unknown_command", "the report answers no command we issued")
+            if runner.pool == action.pool and runner.organization_id in (
+                None,
+                action.organization_id,
+            ):
+                if report.event == "started":
+                    return _record_started(action, runner, report)
+                return _record_finished(action, runner, report, token)
+    except (DataError, IntegrityError, ValueError, UnicodeError) as error:
+        # Verified, but it cannot be stored as it is: end the call rather than lose it.
+        logger.exception("report on %s could not be recorded", report.call_id)
+        refused = ResultRefused(
+            "unrecordable",
+            f"the control plane could not store it ({type(error).__name__})",
+            signed_claims={
+                "call_id": report.call_id,
+                "command_digest": report.command_digest,
+                "event": report.event,
+                "attempt": report.attempt,
+            },
         )
-        if action is None or action.command_digest != report.command_digest:
-            raise ReportRefused("unknown_command", "the report answers no command we issued")
-        if runner.pool == action.pool and runner.organization_id in (None, action.organization_id):
-            if report.event == "started":
-                return _record_started(action, runner, report)
-            return _record_finished(action, runner, report, token)
+        _refused_report_end(runner, refused, token)
+        raise ReportRefused(refused.code, str(refused)) from None
     # Outside the report's transaction, so that the refusal's own record is kept.
     audit_refusal_record(
         organization=action.organization,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from django.db import DataError
 from django.utils import timezone
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
@@ -437,3 +438,24 @@ def test_output_no_database_can_hold_is_recorded_with_replacement_characters(
     assert queued.error["message"] == "bad \ufffd byte"
     receipt = Receipt.objects.get(action=queued)
     assert (receipt.result, receipt.error) == (queued.result, queued.error)
+
+
+@pytest.mark.spec("RUN-9", "AUD-3")
+def test_a_verified_report_the_database_refuses_still_ends_its_call(
+    queued, runner, runner_key, monkeypatch
+):
+    """Whatever else the database may refuse in a verified report (here: storing its result
+    fails with a DataError), the call is ended failed with a receipt, not lost."""
+
+    def refuse(*, action, result):
+        if result is not None:
+            raise DataError("unsupported Unicode escape sequence")
+        return result
+
+    monkeypatch.setattr("kestrel_one.execution.services.artifacts_capture", refuse)
+    token = report(queued, runner, runner_key)
+    with pytest.raises(ReportRefused) as refused:
+        report_ingest(token)
+    assert refused.value.code == "unrecordable"
+    receipt = assert_ended_by_refused_report(queued, token)
+    assert "DataError" in receipt.error["message"]
