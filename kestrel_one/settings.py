@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kestrel_one.common.redaction import redact_log_event
 from kestrel_one.local.runtime import runtime_paths
 from runners.contract.broker import kombu_url
+from runners.contract.tokens import DEFAULT_MAX_REPORT_BYTES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -365,6 +366,10 @@ KESTREL_COMMAND_TTL_SECONDS = env_int("KESTREL_COMMAND_TTL_SECONDS", 120)
 # The longest a call may run on a runner; runners use the same value for their broker
 # visibility timeout, so a call is never redelivered while it still runs.
 KESTREL_MAX_CALL_SECONDS = env_int("KESTREL_MAX_CALL_SECONDS", 600)
+# The largest runner report recorded, in bytes (docs/runners.md#reports). Runners cut their
+# results to fit the same variable on their side; a larger report ends its call as failed
+# (report_refused) instead of being recorded.
+KESTREL_MAX_REPORT_BYTES = env_int("KESTREL_MAX_REPORT_BYTES", DEFAULT_MAX_REPORT_BYTES)
 # How long after its deadline the sweep waits before it ends a silent call.
 KESTREL_CALL_GRACE_SECONDS = env_int("KESTREL_CALL_GRACE_SECONDS", 60)
 # Single-host: calls the local runner (and reports the control worker) handle at once. On a

@@ -22,7 +22,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from runners.contract.broker import is_redis_url, kombu_url, redis_client_url
 from runners.contract.names import runner_queue
-from runners.contract.tokens import load_private_key, load_public_key
+from runners.contract.tokens import (
+    DEFAULT_MAX_REPORT_BYTES,
+    load_private_key,
+    load_public_key,
+)
+from runners.contract.toolspec import DEFAULT_READ_MAX_FILE_BYTES
 from runners.sandbox import BACKEND_FACTORIES
 
 __all__ = ["SANDBOX_CHOICES", "RunnerConfig", "RunnerConfigError"]
@@ -33,6 +38,11 @@ DEFAULT_MAX_CALL_SECONDS = 600
 # Most calls end well within a second; a call still running after this long gets its own
 # "started" report, the others only their "finished" one (docs/runners.md#reports).
 DEFAULT_STARTED_REPORT_DELAY_SECONDS = 1.0
+# A report is cut to fit this (runners.report_budget); below the minimum not even an error
+# report with its scope would fit.
+MIN_REPORT_BYTES = 16 * 1024
+# Each project's workspace is a filesystem of this size (runners.workspace.WorkspaceQuota).
+DEFAULT_WORKSPACE_QUOTA_MB = 1024
 
 _RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -57,6 +67,12 @@ class RunnerConfig:
     max_call_seconds: int = DEFAULT_MAX_CALL_SECONDS
     # 0 sends "started" as soon as the call starts, for every call.
     started_report_delay_s: float = DEFAULT_STARTED_REPORT_DELAY_SECONDS
+    # The signed finished report's size budget; keep it at most the control plane's
+    # KESTREL_MAX_REPORT_BYTES (the same variable and default on both sides).
+    max_report_bytes: int = DEFAULT_MAX_REPORT_BYTES
+    # 0: no quota filesystem (an unprivileged runner, which cannot mount one).
+    workspace_quota_mb: int = DEFAULT_WORKSPACE_QUOTA_MB
+    read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES
 
     @property
     def queue(self) -> str:
@@ -111,6 +127,30 @@ class RunnerConfig:
             "KESTREL_STARTED_REPORT_DELAY_SECONDS",
             DEFAULT_STARTED_REPORT_DELAY_SECONDS,
         )
+        max_report = env_whole_number(
+            env, "KESTREL_MAX_REPORT_BYTES", DEFAULT_MAX_REPORT_BYTES, hint=" of bytes"
+        )
+        if max_report < MIN_REPORT_BYTES:
+            raise RunnerConfigError(
+                f"KESTREL_MAX_REPORT_BYTES must be at least {MIN_REPORT_BYTES}, got {max_report}"
+            )
+        quota_text = env.get("KESTREL_WORKSPACE_QUOTA_MB", "").strip()
+        quota_mb = (
+            0
+            if quota_text == "0"
+            else env_whole_number(
+                env, "KESTREL_WORKSPACE_QUOTA_MB", DEFAULT_WORKSPACE_QUOTA_MB, hint=" (or 0)"
+            )
+        )
+        if quota_mb and os.geteuid() != 0:
+            raise RunnerConfigError(
+                "KESTREL_WORKSPACE_QUOTA_MB needs a runner running as root (each workspace "
+                "is a loop-mounted filesystem of that size); set it to 0 to run without a "
+                "workspace quota"
+            )
+        read_max = env_whole_number(
+            env, "KESTREL_READ_MAX_FILE_BYTES", DEFAULT_READ_MAX_FILE_BYTES, hint=" of bytes"
+        )
         workspace_root = Path(required("KESTREL_WORKSPACE_ROOT"))
         if not workspace_root.is_dir():
             raise RunnerConfigError(
@@ -127,6 +167,9 @@ class RunnerConfig:
             sandbox=sandbox,
             max_call_seconds=max_call,
             started_report_delay_s=started_delay,
+            max_report_bytes=max_report,
+            workspace_quota_mb=quota_mb,
+            read_max_file_bytes=read_max,
         )
         # Read both keys now so that a bad file stops the runner at start, not at a call.
         config.private_key()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.contract.registry import get_tool, validate_args
-from runners.contract.toolspec import ToolContext
+from runners.contract.toolspec import DEFAULT_READ_MAX_FILE_BYTES, ToolContext
 from runners.sandbox import ConfinedSandbox, ExecLimits, SandboxBackend
 
 __all__ = ["execute", "run_verified"]
@@ -27,6 +27,7 @@ def run_verified(
     backend: SandboxBackend | None,
     limits: ExecLimits,
     labels: Mapping[str, str],
+    read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES,
 ) -> dict[str, Any]:
     """Run one call whose ``args`` were already validated for ``tool_name``.
 
@@ -37,7 +38,10 @@ def run_verified(
     tool = get_tool(tool_name)
     workspace = Path(workspace)
     sandbox = ConfinedSandbox(backend, workspace=workspace, limits=limits, labels=labels)
-    return tool.implementation(args, ToolContext(workspace=workspace, sandbox=sandbox))
+    context = ToolContext(
+        workspace=workspace, sandbox=sandbox, read_max_file_bytes=read_max_file_bytes
+    )
+    return tool.implementation(args, context)
 
 
 def execute(

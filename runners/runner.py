@@ -39,13 +39,14 @@ from runners.contract.tokens import (
     verify_command,
     verify_control_message,
 )
+from runners.report_budget import REPORT_TOO_LARGE, fit_result
 from runners.sandbox import (
     ExecLimits,
     SandboxBackend,
     select_backend,
 )
 from runners.started import StartedReport, StartTimer, daemon_timer
-from runners.workspace import workspace_for
+from runners.workspace import workspace_for, workspace_remove
 
 # What a receipt names as the sandbox of a tool that starts no process: the workspace, whose
 # openat walk is that tool's whole boundary (RUN-6). A process tool names its backend, or
@@ -122,11 +123,33 @@ class Runner:
             return Disposition.REFUSED
         # verify_control_message knows no other type; this guard keeps a new one from being
         # half handled if it is added there first.
-        if message.type != "thread.end":
+        if message.type == "thread.end":
+            self._end_thread(message)
+        elif message.type == "project.delete":
+            self._delete_project(message)
+        else:
             self._log("control_refused", level=logging.WARNING, code="unknown_type")
             return Disposition.REFUSED
-        self._end_thread(message)
         return Disposition.APPLIED
+
+    def _delete_project(self, message: ControlMessage) -> None:
+        """Remove a deleted project's workspace on this host: files, quota image and all."""
+        try:
+            removed = workspace_remove(self.config.workspace_root, message.prj)
+        except (OSError, RunnerError) as error:
+            self._log(
+                "workspace_remove_failed",
+                level=logging.ERROR,
+                project=message.prj,
+                error=f"{type(error).__name__}: {error}"[:500],
+            )
+            return
+        self._log(
+            "workspace_removed",
+            project=message.prj,
+            control_message=message.jti,
+            removed=removed,
+        )
 
     def _end_thread(self, message: ControlMessage) -> None:
         try:
@@ -271,7 +294,9 @@ class Runner:
         """Run the tool; every failure becomes a typed error, nothing escapes unsandboxed."""
         backend: SandboxBackend | None = None
         try:
-            workspace = workspace_for(self.config.workspace_root, command.prj)
+            workspace = workspace_for(
+                self.config.workspace_root, command.prj, quota_mb=self.config.workspace_quota_mb
+            )
             if get_tool(command.tool).runs_process:
                 backend = self.choose_backend(self.config.sandbox)
             result = dispatch.run_verified(
@@ -281,6 +306,7 @@ class Runner:
                 backend=backend,
                 limits=self._limits(command),
                 labels=self._labels(command),
+                read_max_file_bytes=self.config.read_max_file_bytes,
             )
         except RunnerError as error:
             outcome = ("failed", None, {"code": error.code, "message": str(error)})
@@ -338,16 +364,46 @@ class Runner:
         sandbox: str | None = None,
         started_at: str | None = None,
     ) -> str:
-        return self._sign(
-            command,
-            event="finished",
-            outcome=outcome,
-            result=result,
-            error=error,
-            sandbox=sandbox,
-            started_at=started_at,
-            finished_at=_utc_now(),
+        """The signed finished report, within the report budget (``runners.report_budget``):
+        a result too large is cut, saying so, and one that cannot be cut enough becomes a
+        failure that says why, so the call still gets a report the control plane takes."""
+        finished_at = _utc_now()
+
+        def signed(result: dict[str, Any] | None, **overrides: Any) -> str:
+            claims = {"outcome": outcome, "error": error, **overrides}
+            return self._sign(
+                command,
+                event="finished",
+                result=result,
+                sandbox=sandbox,
+                started_at=started_at,
+                finished_at=finished_at,
+                **claims,
+            )
+
+        token = signed(result)
+        budget = self.config.max_report_bytes
+        if result is None or len(token) <= budget:
+            return token
+        fitted = fit_result(result, lambda candidate: len(signed(candidate)), budget)
+        if fitted is not None:
+            self._log("report_cut", call_id=command.jti, report_bytes=len(token), budget=budget)
+            return signed(fitted)
+        self._log(
+            "report_too_large",
+            level=logging.WARNING,
+            call_id=command.jti,
+            report_bytes=len(token),
+            budget=budget,
         )
+        too_large = {
+            "code": REPORT_TOO_LARGE,
+            "message": (
+                f"the call ran, but its result does not fit in a report of {budget} bytes "
+                "(KESTREL_MAX_REPORT_BYTES) even when cut; nothing of it was kept"
+            ),
+        }
+        return signed(None, outcome="failed", error=too_large)
 
     def _sign(self, command: Command, **claims: Any) -> str:
         return sign_result(

@@ -44,6 +44,7 @@ from runners.heartbeat import HEARTBEAT_EXPIRES_SECONDS, start_heartbeats
 from runners.orphans import reap_orphan_containers, remove_stale_warm_containers
 from runners.runner import Runner
 from runners.warm_chooser import WarmBackendChooser
+from runners.workspace import WorkspaceQuota
 
 __all__ = [
     "app",
@@ -184,6 +185,18 @@ def _start_heartbeats(sender: Any = None, **_: Any) -> None:
 def _stop_heartbeats(**_: Any) -> None:
     if _heartbeats is not None:
         _heartbeats.set()
+
+
+@worker_shutdown.connect
+def _unmount_workspaces(sender: Any = None, **_: Any) -> None:
+    """The main process, stopping, unmounts its workspaces' quota filesystems (each is
+    mounted again on its next call): no loop device outlives the runner."""
+    if getattr(sender, "app", None) is not app:
+        return  # another Celery app's worker in this process (the signal is global)
+    config = RunnerConfig.from_environment()
+    if config.workspace_quota_mb:
+        count = WorkspaceQuota(config.workspace_root).unmount_all()
+        log.info(json.dumps({"event": "workspaces_unmounted", "count": count}))
 
 
 @worker_process_shutdown.connect

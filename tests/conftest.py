@@ -35,6 +35,7 @@ from tests.factories import (
     ProjectFactory,
     UserFactory,
 )
+from tests.support import unmount_workspace_quotas
 
 # The acme production environment's ceiling in the shared world.
 ENVIRONMENT_POLICY = {
@@ -72,6 +73,15 @@ def _control_signing_key():
         path.write_bytes(generate_private_key_pem())
         path.chmod(0o600)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_workspace_quota_left_mounted(tmp_path_factory):
+    """Runners mount a quota filesystem per workspace; whatever a test's runner left mounted
+    under this session's temporary directories is unmounted at the end, so no loop device
+    outlives the suite (the runner fixtures unmount their own already)."""
+    yield
+    unmount_workspace_quotas(tmp_path_factory.getbasetemp())
 
 
 REPO = Path(__file__).resolve().parents[1]

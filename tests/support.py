@@ -24,6 +24,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def unmount_workspace_quotas(under: Path) -> int:
+    """Unmount every workspace quota filesystem mounted below ``under``; how many.
+
+    A runner unmounts its own when it stops; this is for the ones a test's in-process
+    runner, or a runner that was killed, left on a temporary directory about to be removed
+    (a mount left there would keep its loop device until the machine restarts).
+    """
+    prefix = str(Path(under).resolve()) + "/"
+    mountpoints = []
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            # The fifth field, with spaces and the like octal-escaped.
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(prefix) and os.path.isdir(Path(point).parent / ".kestrel-quota"):
+                mountpoints.append(point)
+    for point in sorted(mountpoints, reverse=True):
+        subprocess.run(["umount", point], check=False, capture_output=True)
+    return len(mountpoints)
+
+
 def stop(process: subprocess.Popen, *, timeout: float = 30) -> None:
     """Ask a process to stop (SIGTERM), and kill it if it does not within ``timeout``."""
     if process.poll() is None:

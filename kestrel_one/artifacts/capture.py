@@ -67,16 +67,27 @@ def artifacts_capture(*, action, result):
             created_by=action.requested_by,
         )
         inline = clean[:cap].decode("utf-8", errors="ignore")
-        kept[stream] = (
-            f"{inline}\n[truncated: {len(clean)} bytes in all; "
-            f"the full text is artifact {artifact.public_id}]"
-        )
+        kept[stream] = f"{inline}\n[{_cut_note(result, stream, len(clean), artifact.public_id)}]"
         stored[stream] = artifact.public_id
     if stored:
         kept["artifacts"] = stored
     if "outputs" in result:
         kept["outputs"] = _outputs_capture(action=action, reported=result["outputs"])
     return kept
+
+
+def _cut_note(result: dict, stream: str, stored: int, artifact_id: str) -> str:
+    """The marker after a stream's inline part: where the rest is, and whether the runner
+    already cut the stream to fit its report (``report_cut``, runners.report_budget)."""
+    cut = result.get("report_cut")
+    cut = cut.get(stream) if isinstance(cut, dict) else None
+    whole = cut.get("bytes") if isinstance(cut, dict) else None
+    if isinstance(whole, int) and not isinstance(whole, bool):
+        return (
+            f"truncated: the command printed {whole} bytes, the runner's report kept the "
+            f"first of them; those ({stored} bytes) are artifact {artifact_id}"
+        )
+    return f"truncated: {stored} bytes in all; the full text is artifact {artifact_id}"
 
 
 def _outputs_capture(*, action, reported) -> list[dict]:

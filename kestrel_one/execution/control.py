@@ -5,8 +5,10 @@ must reach every worker of the pool instead, so it is published on the pool's fa
 exchange (``runners.contract.names.control_exchange``), to which each runner worker binds its own
 broadcast queue. On the Redis broker that is PUBLISH/SUBSCRIBE: nothing is stored, and a
 worker that is down or reconnecting misses the message. That is acceptable for what is sent
-here (today only ``thread.end``): a runner's idle timeout and its cleanup at start remove
-what the message would have removed, only later.
+here: for ``thread.end`` a runner's idle timeout and its cleanup at start remove what the
+message would have removed, only later; a missed ``project.delete`` (remove the deleted
+project's workspace) leaves the workspace on that host until an operator removes it
+(docs/runners.md#control-messages).
 
 Messages are signed with the command-signing key, as ``kestrel-control+jwt`` tokens bound to
 org/env/prj/thr with a short lifetime; runners verify them exactly like commands.
@@ -22,6 +24,8 @@ from kombu import Exchange
 
 from kestrel_one.celery import app
 from kestrel_one.execution.keys import control_private_key
+from kestrel_one.execution.models import Action
+from kestrel_one.tenancy.signals import project_deleting
 from kestrel_one.threads.selectors import thread_scope
 from kestrel_one.threads.signals import thread_ended
 from runners.contract.names import CONTROL_TASK, command_audience, control_exchange
@@ -45,16 +49,42 @@ def thread_end_notice(sender, thread, **kwargs) -> None:
         transaction.on_commit(lambda: thread_end_announce(scope=scope, pools=pools), robust=True)
 
 
+@receiver(project_deleting, dispatch_uid="execution-project-delete-notice")
+def project_delete_notice(sender, project, **kwargs) -> None:
+    """On a project's deletion (inside its transaction, before its rows go): after commit,
+    tell every runner pool its actions were sent to that its workspace is to be removed."""
+    pools = sorted(set(Action.objects.filter(project=project).values_list("pool", flat=True)))
+    if pools:
+        scope = {
+            "org": project.organization.public_id,
+            "env": project.environment.public_id,
+            "prj": project.public_id,
+            "thr": None,
+        }
+        transaction.on_commit(
+            lambda: control_announce(type_="project.delete", scope=scope, pools=pools),
+            robust=True,
+        )
+
+
 def thread_end_announce(*, scope: dict, pools: list[str]) -> int:
     """Tell every runner of each pool that the thread in ``scope`` ended; how many pools
-    were told. Runs after the ending transaction committed; never raises, because the
-    thread has ended whether or not the runners hear of it (failures are logged, without
-    the token)."""
+    were told (``control_announce``)."""
+    return control_announce(type_="thread.end", scope=scope, pools=pools)
+
+
+def control_announce(*, type_: str, scope: dict, pools: list[str]) -> int:
+    """Send control message ``type_`` about ``scope`` to every runner of each pool; how many
+    pools were told. Runs after the transaction that decided it committed; never raises,
+    because what it announces has happened whether or not the runners hear of it (failures
+    are logged, without the token; a runner that missed a ``thread.end`` drops the warm
+    sandboxes at their idle timeout, one that missed a ``project.delete`` keeps the
+    workspace until an operator removes it)."""
     told = 0
     for pool in pools:
         try:
             token = sign_control_message(
-                {"aud": command_audience(pool), "type": "thread.end", **scope},
+                {"aud": command_audience(pool), "type": type_, **scope},
                 control_private_key(),
                 ttl=CONTROL_MESSAGE_TTL_SECONDS,
             )
@@ -69,9 +99,9 @@ def thread_end_announce(*, scope: dict, pools: list[str]) -> int:
             )
         except Exception as error:
             logger.warning(
-                "thread.end notice for %s to pool %s not sent (%s); runners will drop its "
-                "warm sandboxes at their idle timeout",
-                scope["thr"],
+                "%s notice for %s to pool %s not sent (%s)",
+                type_,
+                scope["thr"] or scope["prj"],
                 pool,
                 type(error).__name__,
             )

@@ -9,10 +9,11 @@ verified finished report for it is recorded (``_record_finished``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status, broker_unavailable_message
 from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
+from kestrel_one.common.storable import json_storable, utf8_encodable
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
     Action,
@@ -347,23 +349,51 @@ def report_ingest(token: str) -> str:
     if runner is None:
         raise ReportRefused("unknown_runner", f"{runner_id} is not an enrolled, active runner")
     try:
-        report = verify_result(token, runner_public_key=runner.public_key, runner_id=runner_id)
+        report = verify_result(
+            token,
+            runner_public_key=runner.public_key,
+            runner_id=runner_id,
+            max_bytes=settings.KESTREL_MAX_REPORT_BYTES,
+        )
+    except ResultRefused as refused:
+        if refused.signed_claims is not None:
+            _refused_report_end(runner, refused, token)
+        raise ReportRefused(refused.code, str(refused)) from None
     except ProtocolError as refused:
         raise ReportRefused(refused.code, str(refused)) from None
     _note_runner_seen(runner)
-    with transaction.atomic():
-        action = (
-            Action.objects.select_for_update(of=("self",))
-            .select_related("organization", "environment", "project", "thread__organization")
-            .filter(public_id=report.call_id)
-            .first()
+    try:
+        with transaction.atomic():
+            action = (
+                Action.objects.select_for_update(of=("self",))
+                .select_related("organization", "environment", "project", "thread__organization")
+                .filter(public_id=report.call_id)
+                .first()
+            )
+            if action is None or action.command_digest != report.command_digest:
+                raise ReportRefused("unknown_command", "the report answers no command we issued")
+            if runner.pool == action.pool and runner.organization_id in (
+                None,
+                action.organization_id,
+            ):
+                if report.event == "started":
+                    return _record_started(action, runner, report)
+                return _record_finished(action, runner, report, token)
+    except (DataError, IntegrityError, ValueError, UnicodeError) as error:
+        # Verified, but it cannot be stored as it is: end the call rather than lose it.
+        logger.exception("report on %s could not be recorded", report.call_id)
+        refused = ResultRefused(
+            "unrecordable",
+            f"the control plane could not store it ({type(error).__name__})",
+            signed_claims={
+                "call_id": report.call_id,
+                "command_digest": report.command_digest,
+                "event": report.event,
+                "attempt": report.attempt,
+            },
         )
-        if action is None or action.command_digest != report.command_digest:
-            raise ReportRefused("unknown_command", "the report answers no command we issued")
-        if runner.pool == action.pool and runner.organization_id in (None, action.organization_id):
-            if report.event == "started":
-                return _record_started(action, runner, report)
-            return _record_finished(action, runner, report, token)
+        _refused_report_end(runner, refused, token)
+        raise ReportRefused(refused.code, str(refused)) from None
     # Outside the report's transaction, so that the refusal's own record is kept.
     audit_refusal_record(
         organization=action.organization,
@@ -373,6 +403,66 @@ def report_ingest(token: str) -> str:
         data={"reason": "runner not allowed for this call's pool or organization"},
     )
     raise ReportRefused("wrong_runner", "this runner may not answer this call")
+
+
+REPORT_REFUSED = "report_refused"
+
+
+def _refused_report_end(runner: Runner, refused: ResultRefused, token: str) -> None:
+    """End the call a signed report answered, as failed, when the report itself cannot be
+    recorded (too large, malformed claims, expired): the runner says the call ran, so it
+    must not be left for the sweep to call untaken (``command_expired``).
+
+    Only when the claims that verified name a command we issued, from a runner allowed for
+    the call, and the report is not a "started" one. The receipt records the refusal, with
+    the refused report's digest as its evidence; nothing of the report's result is kept.
+    """
+    claims = refused.signed_claims or {}
+    call_id, command_digest = claims.get("call_id"), claims.get("command_digest")
+    if not isinstance(call_id, str) or not isinstance(command_digest, str):
+        return
+    if claims.get("event") == "started":
+        return
+    error = {
+        "code": REPORT_REFUSED,
+        "message": (
+            f"The runner reported on this call, but its report could not be recorded "
+            f"({refused.code}: {refused.message}). The call may have had its effects."
+        ),
+    }
+    with transaction.atomic():
+        action = (
+            Action.objects.select_for_update(of=("self",))
+            .select_related("organization", "environment", "project", "thread__organization")
+            .filter(public_id=call_id, command_digest=command_digest)
+            .first()
+        )
+        if action is None or not (
+            runner.pool == action.pool and runner.organization_id in (None, action.organization_id)
+        ):
+            return
+        attempt = claims.get("attempt")
+        report = _RefusedReport(
+            attempt=attempt if isinstance(attempt, int) else 0,
+            error=error,
+            command_digest=command_digest,
+        )
+        _record_finished(action, runner, report, token)
+
+
+@dataclass(frozen=True)
+class _RefusedReport:
+    """What ``_record_finished`` records for a signed report it could not take: a failure
+    with the refusal as its error, and nothing the report itself claimed beyond the call."""
+
+    attempt: int
+    error: dict
+    command_digest: str
+    outcome: str = "failed"
+    result: None = None
+    sandbox: None = None
+    started_at: None = None
+    finished_at: None = None
 
 
 def _note_runner_seen(runner: Runner) -> None:
@@ -447,9 +537,13 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     # Output past the inline cap and checkpoint archives become artifacts; the action and
     # its receipt keep the inline part and a reference (docs/records.md). Only for an
     # action still in flight: a report on one that already finished changes nothing there.
-    result = report.result
+    # What the runner printed may hold NULs and unpaired surrogates, which no JSON column
+    # keeps (kestrel_one.common.storable): artifacts keep the NULs, the records U+FFFD.
+    result = utf8_encodable(report.result)
     if action.state in (ActionState.QUEUED, ActionState.RUNNING):
         result = artifacts_capture(action=action, result=result)
+    result = json_storable(result)
+    error = json_storable(report.error)
     state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
     # Tool output is untrusted data: flagged for people, never read as an instruction.
     output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}
@@ -462,7 +556,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         runner=runner,
         finished_at=now,
         result=result,
-        error=report.error,
+        error=error,
         started_at=_reported_start(report, now) if never_started else action.started_at or now,
         flags=sorted(set(action.flags) | output_flags),
     )
@@ -481,7 +575,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         scope=action_scope(action),
         outcome=report.outcome,
         result=result,
-        error=report.error,
+        error=error,
         policy_version=action.policy_version,
         decision=action.decision,
         runner=runner.public_id,
@@ -499,7 +593,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
             "action": action.public_id,
             "state": state,
             "receipt": receipt.public_id,
-            "error": report.error,
+            "error": error,
             "exit_code": (report.result or {}).get("exit_code"),
             "flags": sorted(output_flags),
         },
@@ -510,7 +604,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         action="action.finish",
         target=action,
         outcome=state,
-        data={"receipt": receipt.public_id, "error": report.error},
+        data={"receipt": receipt.public_id, "error": error},
     )
     return state
 

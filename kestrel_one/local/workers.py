@@ -29,6 +29,8 @@ _RUNNER_TUNING = (
     "KESTREL_WARM_IDLE_SECONDS",
     "KESTREL_WARM_MAX_CONTAINERS",
     "KESTREL_WARM_AGENT_DIR",
+    "KESTREL_WORKSPACE_QUOTA_MB",
+    "KESTREL_READ_MAX_FILE_BYTES",
 )
 
 
@@ -60,6 +62,10 @@ def local_runner_environment() -> dict[str, str]:
     workspaces = settings.KESTREL_DATA_DIR / "workspaces"
     workspaces.mkdir(parents=True, exist_ok=True)
     tuning = {name: os.environ[name] for name in _BASE_ENV + _RUNNER_TUNING if name in os.environ}
+    # A quota filesystem per workspace needs root (it is loop-mounted); a single host served
+    # by its own user runs without one unless told otherwise (docs/runners.md).
+    if os.geteuid() != 0:
+        tuning.setdefault("KESTREL_WORKSPACE_QUOTA_MB", "0")
     # Warm sandboxes' host-side directories under the data folder too, unless set explicitly.
     tuning.setdefault(
         "KESTREL_WARM_AGENT_DIR", str(runtime_paths(settings.KESTREL_DATA_DIR).warm_agent_dir)
@@ -74,6 +80,8 @@ def local_runner_environment() -> dict[str, str]:
         "KESTREL_WORKSPACE_ROOT": str(workspaces),
         "KESTREL_SANDBOX": os.environ.get("KESTREL_SANDBOX", "auto"),
         "KESTREL_MAX_CALL_SECONDS": str(settings.KESTREL_MAX_CALL_SECONDS),
+        # The runner fits its reports into what this control plane records.
+        "KESTREL_MAX_REPORT_BYTES": str(settings.KESTREL_MAX_REPORT_BYTES),
     }
 
 

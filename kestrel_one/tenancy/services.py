@@ -24,6 +24,7 @@ from kestrel_one.audit.services import audit_record
 from kestrel_one.common.erasure import erasing
 from kestrel_one.common.errors import Conflict, PermissionDenied, ValidationFailed
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
+from kestrel_one.tenancy.signals import project_deleting
 
 PROJECT_PERMISSIONS = ("view_project",)
 
@@ -346,5 +347,6 @@ def project_delete(*, actor: Principal, project: Project) -> None:
         target=project,
         data={"name": project.name},
     )
+    project_deleting.send(sender=Project, project=project)
     with erasing("policy"):  # its policy versions go with it
         project.delete()

@@ -50,6 +50,7 @@ __all__ = [
     "CONTROL_KID",
     "CONTROL_TYP",
     "CONTROL_TYPES",
+    "DEFAULT_MAX_REPORT_BYTES",
     "HEARTBEAT_CLAIMS",
     "HEARTBEAT_INTERVAL_SECONDS",
     "HEARTBEAT_LIFETIME_SECONDS",
@@ -110,6 +111,17 @@ MAX_CONTROL_LIFETIME_SECONDS = 600
 HEARTBEAT_LIFETIME_SECONDS = 120
 # How often a runner sends one; the control plane counts a runner silent after a few missed.
 HEARTBEAT_INTERVAL_SECONDS = 30.0
+# The largest token of any kind either side reads at all (a command carries a restore
+# archive, about 1.4 MB of base64, at most).
+MAX_TOKEN_BYTES = 4 * 1024 * 1024
+# The default size budget of one signed report: what a runner fits its reports into
+# (KESTREL_MAX_REPORT_BYTES, runners.report_budget) and what the control plane records at
+# most (the setting of the same name). A runner's budget must not exceed the control plane's.
+DEFAULT_MAX_REPORT_BYTES = 4 * 1024 * 1024
+# A report over the control plane's limit is still verified, so that the call it answers can
+# be ended as failed rather than left to look untaken; past this many times the limit it is
+# not even read (it cannot have come from a runner that budgets its reports).
+REPORT_READ_FACTOR = 4
 
 COMMAND_CLAIMS = frozenset(
     {
@@ -154,8 +166,10 @@ RESULT_CLAIMS = frozenset(
 CONTROL_CLAIMS = frozenset(
     {"iss", "aud", "iat", "nbf", "exp", "jti", "type", "org", "env", "prj", "thr"}
 )
-# What a control message may ask. Anything else is refused (fail closed).
-CONTROL_TYPES = frozenset({"thread.end"})
+# What a control message may ask. Anything else is refused (fail closed). "thread.end" names
+# a thread; "project.delete" (remove the project's workspace) names none (``thr`` null).
+CONTROL_TYPES = frozenset({"thread.end", "project.delete"})
+_PROJECT_CONTROL_TYPES = frozenset({"project.delete"})
 
 HEARTBEAT_CLAIMS = frozenset({"iss", "aud", "iat", "exp", "jti", "pool", "sandbox"})
 # The backend a runner's probe found for process tools, or "none" (they then fail closed).
@@ -204,8 +218,17 @@ class ControlRefused(ProtocolError):
 class ResultRefused(ProtocolError):
     """A runner report the control plane must not record.
 
-    Codes: bad_signature, wrong_runner, wrong_audience, expired, not_yet_valid, malformed.
+    Codes: bad_signature, wrong_runner, wrong_audience, expired, not_yet_valid, malformed,
+    too_large. ``signed_claims`` holds the claims (without ``result``) when the refusal came
+    after the signature verified, so the caller can tell which call the runner answered;
+    None otherwise.
     """
+
+    def __init__(
+        self, code: str, message: str, *, signed_claims: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(code, message)
+        self.signed_claims = signed_claims
 
 
 # --- keys ------------------------------------------------------------------------------
@@ -406,10 +429,19 @@ def _check_control_claim_types(claims: Mapping[str, Any]) -> None:
         )
     for name in ("iss", "aud", "type"):
         _require(_is_text(claims[name]), name, "a string", ControlRefused)
-    for name in ("jti", "org", "env", "prj", "thr"):
+    for name in ("jti", "org", "env", "prj"):
         _require(
             _is_public_id(claims[name]),
             name,
+            "a public id (letters, digits, '_', '-')",
+            ControlRefused,
+        )
+    if claims["type"] in _PROJECT_CONTROL_TYPES:
+        _require(claims["thr"] is None, "thr", "null for a project's message", ControlRefused)
+    else:
+        _require(
+            _is_public_id(claims["thr"]),
+            "thr",
             "a public id (letters, digits, '_', '-')",
             ControlRefused,
         )
@@ -457,7 +489,8 @@ class ControlMessage:
     """A verified control message: ``type`` says what to do, the rest whom it concerns.
 
     ``thread.end``: the thread ``thr`` of project ``prj`` (in ``org``/``env``) has ended; a
-    runner removes what it keeps warm for it. Field names are the claim names.
+    runner removes what it keeps warm for it. ``project.delete``: project ``prj`` was deleted
+    (``thr`` is None); a runner removes its workspace. Field names are the claim names.
     """
 
     iss: str
@@ -470,7 +503,7 @@ class ControlMessage:
     org: str
     env: str
     prj: str
-    thr: str
+    thr: str | None
 
 
 def sign_control_message(
@@ -577,12 +610,14 @@ def sign_result(
     return _sign(payload, private_key_pem, typ=RESULT_TYP, kid=runner_id)
 
 
-def unverified_runner_id(token: str) -> str:
+def unverified_runner_id(
+    token: str, *, max_bytes: int = DEFAULT_MAX_REPORT_BYTES * REPORT_READ_FACTOR
+) -> str:
     """The runner id a report claims to come from (its ``kid``), NOT yet trusted.
 
     Only for finding the enrolled key to verify with; ``verify_result`` then checks it.
     """
-    header = _unverified_header(token, ResultRefused)
+    header = _unverified_header(token, ResultRefused, max_bytes=max_bytes)
     kid = header.get("kid")
     if not isinstance(kid, str) or not _RUNNER_ID.fullmatch(kid):
         raise ResultRefused("malformed", "header kid must be a runner id (run_...)")
@@ -609,25 +644,43 @@ def verify_result(
     runner_public_key: bytes | str | Ed25519PublicKey,
     runner_id: str,
     now: float | None = None,
+    max_bytes: int = DEFAULT_MAX_REPORT_BYTES,
 ) -> RunnerReport:
     """The report in ``token`` if runner ``runner_id`` signed it for the control plane.
 
     The caller looks the key up by ``unverified_runner_id`` among enrolled, unrevoked
     runners, and afterwards checks that ``call_id``/``command_digest`` answer a command it
-    issued. Raises ``ResultRefused``.
+    issued. Raises ``ResultRefused``; one raised after the signature verified carries the
+    signed claims (``signed_claims``). A report longer than ``max_bytes`` is refused as
+    ``too_large`` after its signature is checked (up to ``REPORT_READ_FACTOR`` times the
+    limit; a longer one is not read at all).
     """
     header, claims = _verified_parts(
-        token, runner_public_key, refused=ResultRefused, typ=RESULT_TYP
+        token,
+        runner_public_key,
+        refused=ResultRefused,
+        typ=RESULT_TYP,
+        max_bytes=max(max_bytes, 1) * REPORT_READ_FACTOR,
     )
-    if header.get("kid") != runner_id:
-        raise ResultRefused("wrong_runner", "header kid is not the expected runner id")
-    _require_claim_set(claims, RESULT_CLAIMS, ResultRefused)
-    _check_result_claims(claims)
-    if claims["iss"] != runner_id:
-        raise ResultRefused("wrong_runner", "iss is not the expected runner id")
-    if claims["aud"] != RESULT_AUDIENCE:
-        raise ResultRefused("wrong_audience", f"a report is for {RESULT_AUDIENCE!r}")
-    _check_time_window(claims, now, ResultRefused)
+    try:
+        if header.get("kid") != runner_id:
+            raise ResultRefused("wrong_runner", "header kid is not the expected runner id")
+        _require_claim_set(claims, RESULT_CLAIMS, ResultRefused)
+        if len(token) > max_bytes:
+            raise ResultRefused(
+                "too_large",
+                f"the report is {len(token)} bytes; the control plane records at most "
+                f"{max_bytes} (KESTREL_MAX_REPORT_BYTES; a runner's budget must not exceed it)",
+            )
+        _check_result_claims(claims)
+        if claims["iss"] != runner_id:
+            raise ResultRefused("wrong_runner", "iss is not the expected runner id")
+        if claims["aud"] != RESULT_AUDIENCE:
+            raise ResultRefused("wrong_audience", f"a report is for {RESULT_AUDIENCE!r}")
+        _check_time_window(claims, now, ResultRefused)
+    except ResultRefused as refused:
+        signed = {name: value for name, value in claims.items() if name != "result"}
+        raise ResultRefused(refused.code, refused.message, signed_claims=signed) from None
     return RunnerReport(**claims, raw=token)
 
 
@@ -762,9 +815,13 @@ def _sign(
     )
 
 
-def _unverified_header(token: Any, refused: type[ProtocolError]) -> dict[str, Any]:
-    if not isinstance(token, str) or token.count(".") != 2 or len(token) > 4 * 1024 * 1024:
+def _unverified_header(
+    token: Any, refused: type[ProtocolError], *, max_bytes: int = MAX_TOKEN_BYTES
+) -> dict[str, Any]:
+    if not isinstance(token, str) or token.count(".") != 2:
         raise refused("malformed", "not a compact JWS")
+    if len(token) > max_bytes:
+        raise refused("malformed", f"the token is longer than {max_bytes} bytes; not read")
     try:
         header = jwt.get_unverified_header(token)
     except jwt.exceptions.PyJWTError as error:
@@ -780,9 +837,10 @@ def _verified_parts(
     *,
     refused: type[ProtocolError],
     typ: str,
+    max_bytes: int = MAX_TOKEN_BYTES,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The header and claims of a token whose EdDSA signature checks out."""
-    header = _unverified_header(token, refused)
+    header = _unverified_header(token, refused, max_bytes=max_bytes)
     # Decided from the header before any key is used: "none", HS256 keyed with the public
     # key bytes and every other algorithm never reach a verifier.
     if header.get("alg") != ALGORITHM:

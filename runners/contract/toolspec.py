@@ -56,12 +56,18 @@ class Sandbox(Protocol):
     ) -> ProcessOutcome: ...
 
 
+# The largest file fs.read reads and hashes (the content it returns is capped far lower).
+DEFAULT_READ_MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class ToolContext:
-    """What an implementation works on: the call's workspace and its sandbox."""
+    """What an implementation works on: the call's workspace and its sandbox, and how
+    large a file ``fs.read`` takes (the runner's KESTREL_READ_MAX_FILE_BYTES)."""
 
     workspace: Path
     sandbox: Sandbox
+    read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES
 
 
 Implementation = Callable[[dict[str, Any], ToolContext], dict[str, Any]]

@@ -7,8 +7,10 @@ links, devices, sockets and pipes, so a snapshot is never silently partial. A re
 validates the whole archive before it writes anything: only regular files and directories
 with canonical relative names (no absolute paths, no ``..``), within size and count caps,
 and the archive must match the SHA-256 the control plane recorded. Files are written
-through ``runners.workspace.Workspace``, link-free and atomically each; nothing is
-extracted by ``tarfile`` itself.
+through ``runners.workspace.Workspace.write_all``, link-free and all or nothing (each is
+staged beside its target, then all are renamed into place; a failure on the way removes
+what was staged); nothing is extracted by ``tarfile`` itself, and an extended header
+larger than ``MAX_EXTENDED_HEADER_BYTES`` is refused before ``tarfile`` reads it.
 
 A restore writes back every file and directory in the checkpoint. Files created since then
 stay in place, unless the restore is ``exact``: then everything the checkpoint does not hold
@@ -20,27 +22,39 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import gzip
 import hashlib
 import io
 import os
 import stat
 import tarfile
-from pathlib import Path
 from typing import Any
 
 from runners.contract.arguments import object_schema, whole_workspace_request
 from runners.contract.errors import PathRefused, WorkspaceError
 from runners.contract.paths import split_relative_path
 from runners.contract.toolspec import Captures, ToolContext, ToolSpec
-from runners.workspace import Workspace, workspace_owner
+from runners.workspace import Workspace
 
 # The compressed archive travels base64-encoded inside a signed report or command (4 MiB
 # at most each), so it stays well under that.
 MAX_ARCHIVE_BYTES = 1024 * 1024
 MAX_CONTENT_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 10_000
+# An extended header (PAX, or GNU's long name and long link) is read whole by ``tarfile``
+# before anything else is known: one declaring 900 MB, in an archive of 917 KB that
+# decompresses to it, cost the runner 1 GB. Past this size one is refused unread; a name a
+# checkpoint writes needs a few hundred bytes.
+MAX_EXTENDED_HEADER_BYTES = 16 * 1024
+_EXTENDED_HEADER_TYPES = frozenset(
+    {
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+    }
+)
 _TEMP_PREFIX = ".kestrel-tmp-"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -164,13 +178,8 @@ def restore(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if hashlib.sha256(data).hexdigest() != args["sha256"]:
         raise CheckpointRefused("archive_b64", "does not match the sha256 it was sent with")
     directories, files = _validated_members(data)
-    target = Workspace(workspace)
-    for directory in directories:
-        _make_directories(Path(workspace), split_relative_path(directory))
-    written = 0
-    for path, content in files:
-        target.write(path, content)
-        written += len(content)
+    # All or nothing: a link or a file in the way, or a full workspace, leaves it unchanged.
+    written = Workspace(workspace).write_all(directories, files)
     removed = 0
     if args.get("exact"):
         keep = set(directories) | {path for path, _ in files}
@@ -219,13 +228,30 @@ def _remove_unlisted(dir_fd: int, prefix: str, keep: set[str] | None) -> int:
     return removed
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member header that refuses an oversized extended header before ``tarfile`` reads
+    it (``_proc_member`` is where ``tarfile`` dispatches to the reader of each type)."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED_HEADER_TYPES and self.size > MAX_EXTENDED_HEADER_BYTES:
+            raise CheckpointRefused(
+                "archive_b64",
+                f"an extended tar header of {self.size} bytes is larger than "
+                f"{MAX_EXTENDED_HEADER_BYTES}; it is not read",
+            )
+        member: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]
+        return member
+
+
 def _validated_members(data: bytes) -> tuple[list[str], list[tuple[str, bytes]]]:
     """Every member checked before anything is written: a bad archive changes nothing."""
     budget = _Budget()
     directories: list[str] = []
     files: list[tuple[str, bytes]] = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+        with tarfile.open(
+            fileobj=io.BytesIO(data), mode="r:gz", tarinfo=_BoundedTarInfo
+        ) as archive:
             for member in archive:
                 name = member.name
                 try:
@@ -247,28 +273,6 @@ def _validated_members(data: bytes) -> tuple[list[str], list[tuple[str, bytes]]]
     except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as error:
         raise CheckpointRefused("archive_b64", f"is not a readable tar.gz ({error})") from None
     return directories, files
-
-
-def _make_directories(root: Path, parts: tuple[str, ...]) -> None:
-    """Create ``parts`` below ``root`` one component at a time, never through a link."""
-    fd = os.open(root, _DIR_FLAGS)
-    try:
-        walked = []
-        for part in parts:
-            walked.append(part)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-                if os.geteuid() == 0:
-                    uid, gid = workspace_owner()
-                    os.chown(part, uid, gid, dir_fd=fd, follow_symlinks=False)
-            try:
-                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError:
-                raise PathRefused("/".join(walked), "is a link or not a directory") from None
-            os.close(fd)
-            fd = next_fd
-    finally:
-        os.close(fd)
 
 
 # A checkpoint archive is at most MAX_ARCHIVE_BYTES, base64 a third more.

@@ -18,7 +18,9 @@ LIST_MAX_ENTRIES = 10_000
 
 
 def read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    content = Workspace(ctx.workspace).read(args["path"], max_bytes=READ_MAX_BYTES)
+    content = Workspace(ctx.workspace).read(
+        args["path"], max_bytes=READ_MAX_BYTES, max_file_bytes=ctx.read_max_file_bytes
+    )
     return {
         "path": args["path"],
         "content": content.data.decode("utf-8", errors="replace"),

@@ -4,6 +4,7 @@ plane), and restored through the normal action path."""
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import io
 import os
@@ -19,7 +20,7 @@ from runners.contract.errors import InvalidArguments
 from runners.contract.registry import validate_args
 from runners.sandbox import ExecLimits
 from runners.tools import checkpoints
-from runners.workspace import PathRefused
+from runners.workspace import PathRefused, WrongFileType
 from tests.artifacts.helpers import workspace_archive
 
 pytestmark = pytest.mark.spec("AUD-5")
@@ -185,6 +186,51 @@ def test_restore_refuses_a_wrong_digest_or_a_link_in_the_workspace(tmp_path):
         validate_args("workspace.restore", {"archive_b64": "not base64!", "sha256": "0" * 64})
     with pytest.raises(InvalidArguments):
         validate_args("workspace.checkpoint", {"path": "."})
+
+
+def test_a_restore_that_fails_part_way_leaves_the_workspace_as_it_was(tmp_path):
+    """The archive is sound, but the workspace holds a file where the third member needs a
+    directory: nothing the restore would have written before that remains (the first two
+    files are not replaced, no directory it made is left), so a failed restore never leaves
+    a half-restored workspace (docs/records.md)."""
+    (tmp_path / "a.txt").write_bytes(b"old a")
+    (tmp_path / "blocker").write_bytes(b"a file, not a directory")
+    args = archive_of(
+        [
+            member("a.txt", data=b"new a"),
+            member("fresh/b.txt", data=b"new b"),
+            member("blocker/c.txt", data=b"new c"),
+        ]
+    )
+    with pytest.raises(WrongFileType):
+        run_tool("workspace.restore", args, tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a.txt", "blocker"]
+    assert (tmp_path / "a.txt").read_bytes() == b"old a"
+    assert (tmp_path / "blocker").read_bytes() == b"a file, not a directory"
+
+
+@pytest.mark.spec("RUN-3")
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME])
+def test_an_oversized_extended_header_is_refused_before_it_is_read(tmp_path, kind):
+    """A small archive whose extended header declares 900 MB (it decompresses to that) used
+    to be read whole into memory by tarfile; it is refused from its declared size, naming
+    the limit, before a byte of it is read."""
+    declared = 900 * 1024 * 1024
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type = kind
+    header.size = declared
+    block = header.tobuf(format=tarfile.USTAR_FORMAT if kind == tarfile.XHDTYPE else 2)
+    raw_tar = block + b"\0" * (2 * 1024 * 1024)  # the start of the declared header's body
+    raw = gzip.compress(raw_tar)
+    args = {
+        "archive_b64": base64.b64encode(raw).decode(),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+    }
+    with pytest.raises(checkpoints.CheckpointRefused, match="extended tar header") as refused:
+        run_tool("workspace.restore", args, tmp_path)
+    assert str(declared) in str(refused.value)
+    assert str(checkpoints.MAX_EXTENDED_HEADER_BYTES) in str(refused.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- control plane ------------------------------------------------------------------------

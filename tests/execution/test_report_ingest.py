@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from django.db import DataError
 from django.utils import timezone
 
 from kestrel_one.accounts.models import ApiToken
@@ -359,3 +360,117 @@ def test_instructions_in_tool_output_are_flagged_and_grant_nothing(
     assert pending.state == ActionState.AWAITING_APPROVAL
     assert not Approval.objects.filter(action__thread=queued.thread).exists()
     assert set(ApiToken.objects.values_list("pk", flat=True)) == tokens_before
+
+
+def assert_ended_by_refused_report(action, token) -> Receipt:
+    """The call a refused report answered ended failed, with a receipt saying why."""
+    action.refresh_from_db()
+    assert action.state == ActionState.FAILED
+    assert action.error["code"] == "report_refused"
+    receipt = Receipt.objects.get(action=action)
+    assert (receipt.outcome, receipt.error, receipt.result) == ("failed", action.error, None)
+    assert receipt.report_digest == token_digest(token)
+    assert [kind for kind, _ in action_events(action)][-2:] == [
+        "action.started",
+        "action.finished",
+    ]
+    return receipt
+
+
+@pytest.mark.spec("RUN-9", "AUD-3")
+def test_a_signed_report_too_large_to_record_ends_its_call_failed_with_a_receipt(
+    queued, runner, runner_key, settings
+):
+    """A report over KESTREL_MAX_REPORT_BYTES is not recorded, but the call it answers ran:
+    it ends failed (report_refused, naming the limit), never left to look untaken."""
+    settings.KESTREL_MAX_REPORT_BYTES = 64 * 1024
+    huge = {"exit_code": 0, "stdout": "\u0000" * 25_000, "stderr": ""}
+    token = report(queued, runner, runner_key, result=huge)
+    assert len(token) > settings.KESTREL_MAX_REPORT_BYTES
+    with pytest.raises(ReportRefused) as refused:
+        report_ingest(token)
+    assert refused.value.code == "too_large"
+    receipt = assert_ended_by_refused_report(queued, token)
+    assert "KESTREL_MAX_REPORT_BYTES" in receipt.error["message"]
+    # What the sweep does later changes nothing: the call is over.
+    assert calls_sweep(now=timezone.now() + timezone.timedelta(days=1))["expired"] == 0
+    assert Action.objects.get(pk=queued.pk).state == ActionState.FAILED
+
+
+@pytest.mark.spec("RUN-9", "AUD-3")
+def test_a_signed_report_with_claims_it_cannot_take_ends_its_call_failed(
+    queued, runner, runner_key
+):
+    """Malformed claims under a good signature, after the sweep already called the command
+    untaken: the runner answered it, so it ends failed, not expired."""
+    assert calls_sweep(now=timezone.now() + timezone.timedelta(days=1))["expired"] == 1
+    token = report(queued, runner, runner_key, outcome="failed", result=None, error={"x": 1})
+    with pytest.raises(ReportRefused) as refused:
+        report_ingest(token)
+    assert refused.value.code == "malformed"
+    assert_ended_by_refused_report(queued, token)
+
+
+@pytest.mark.parametrize("case", ["started", "other_command", "wrong_pool", "unsigned"])
+def test_a_refused_report_ends_nothing_it_cannot_speak_for(
+    queued, runner, runner_key, settings, case
+):
+    """Only a signed finished report of a command we issued, from a runner allowed for the
+    call, ends it: a refused "started" report, one for another command, one from a runner of
+    another pool, or one whose signature fails leave the call as it was."""
+    settings.KESTREL_MAX_REPORT_BYTES = 64 * 1024
+    claims = {"result": {"stdout": "x" * 100_000}}
+    key = runner_key
+    if case == "started":
+        claims = {"event": "started", "outcome": None, "result": {"stdout": "x" * 100_000}}
+    elif case == "other_command":
+        claims["command_digest"] = "f" * 64
+    elif case == "wrong_pool":
+        runner.pool = "gpu"
+        runner.save()
+    elif case == "unsigned":
+        key = generate_private_key_pem()
+    token = report(queued, runner, key, **claims)
+    with pytest.raises(ReportRefused):
+        report_ingest(token)
+    queued.refresh_from_db()
+    assert queued.state == ActionState.QUEUED
+    assert not Receipt.objects.filter(action=queued).exists()
+
+
+@pytest.mark.spec("RUN-9", "AUD-3")
+def test_output_no_database_can_hold_is_recorded_with_replacement_characters(
+    queued, runner, runner_key
+):
+    """A NUL in what a command printed (PostgreSQL's jsonb refuses it) used to make the
+    report fail to record, losing the call: it is stored as U+FFFD, the rest as reported."""
+    printed = {"exit_code": 0, "stdout": "a\u0000b\u0000c", "stderr": "", "truncated": False}
+    failure = {"code": "tool_failed", "message": "bad \u0000 byte"}
+    token = report(queued, runner, runner_key, outcome="failed", result=printed, error=failure)
+    assert report_ingest(token) == ActionState.FAILED
+    queued.refresh_from_db()
+    assert queued.result["stdout"] == "a\ufffdb\ufffdc"
+    assert queued.error["message"] == "bad \ufffd byte"
+    receipt = Receipt.objects.get(action=queued)
+    assert (receipt.result, receipt.error) == (queued.result, queued.error)
+
+
+@pytest.mark.spec("RUN-9", "AUD-3")
+def test_a_verified_report_the_database_refuses_still_ends_its_call(
+    queued, runner, runner_key, monkeypatch
+):
+    """Whatever else the database may refuse in a verified report (here: storing its result
+    fails with a DataError), the call is ended failed with a receipt, not lost."""
+
+    def refuse(*, action, result):
+        if result is not None:
+            raise DataError("unsupported Unicode escape sequence")
+        return result
+
+    monkeypatch.setattr("kestrel_one.execution.services.artifacts_capture", refuse)
+    token = report(queued, runner, runner_key)
+    with pytest.raises(ReportRefused) as refused:
+        report_ingest(token)
+    assert refused.value.code == "unrecordable"
+    receipt = assert_ended_by_refused_report(queued, token)
+    assert "DataError" in receipt.error["message"]

@@ -22,7 +22,7 @@ from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import thread_create
 from runners.contract.tokens import generate_private_key_pem, public_key_pem
-from tests.support import stop
+from tests.support import stop, unmount_workspace_quotas
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,7 @@ def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict
     finally:
         stop(runner)
         stop(control)
+        unmount_workspace_quotas(files["workspaces"])  # a runner that had to be killed
 
 
 def governed_thread(

@@ -22,6 +22,7 @@ from runners.sandbox import BubblewrapBackend, DockerBackend, SandboxUnavailable
 from runners.sandbox.docker import LABEL_PREFIX, MANAGED_LABEL
 from runners.workspace import workspace_for
 from tests.runners.support import RUNNER_REDIS_URL
+from tests.support import unmount_workspace_quotas
 
 
 @pytest.fixture
@@ -58,6 +59,7 @@ def workspace_root() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="kestrel-workspaces-"))
     os.chmod(root, 0o755)  # noqa: S103 - the sandbox user must be able to traverse it
     yield root
+    unmount_workspace_quotas(root)  # runners of the test mount a quota filesystem per project
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -139,3 +139,13 @@ def test_a_command_is_never_a_control_message_nor_the_other_way_round():
 @pytest.mark.parametrize("token", [None, "", "a.b", "not.a.token", 42])
 def test_garbage_is_refused(token):
     assert refusal_code(token) in {"malformed", "bad_signature"}
+
+
+def test_a_project_delete_names_no_thread_and_a_thread_end_must_name_one():
+    """``project.delete`` is about a whole project (``thr`` null); a ``thread.end`` without a
+    thread, or a ``project.delete`` naming one, is malformed."""
+    token = signed(type="project.delete", thr=None)
+    message = verify_control_message(token, control_public_key=CONTROL_PUBLIC, pool=POOL)
+    assert (message.type, message.prj, message.thr) == ("project.delete", SCOPE["prj"], None)
+    assert refusal_code(signed(type="thread.end", thr=None)) == "malformed"
+    assert refusal_code(signed(type="project.delete")) == "malformed"

@@ -59,6 +59,20 @@ def test_complete_environment_configures_a_runner(environ):
     assert config.sandbox == "auto"
     assert config.max_call_seconds == 600
     assert config.started_report_delay_s == 1.0
+    assert config.max_report_bytes == 4 * 1024 * 1024
+    assert config.workspace_quota_mb == 1024
+    assert config.read_max_file_bytes == 64 * 1024 * 1024
+
+
+def test_the_bounds_are_read_from_the_environment(environ):
+    environ.update(
+        KESTREL_MAX_REPORT_BYTES="65536",
+        KESTREL_WORKSPACE_QUOTA_MB="0",
+        KESTREL_READ_MAX_FILE_BYTES="1000",
+    )
+    config = RunnerConfig.from_environment(environ)
+    assert (config.max_report_bytes, config.workspace_quota_mb) == (65536, 0)
+    assert config.read_max_file_bytes == 1000
 
 
 @pytest.mark.parametrize(("value", "delay"), [("0", 0.0), ("2.5", 2.5), (" ", 1.0)])
@@ -107,6 +121,10 @@ def test_state_needs_redis_when_the_broker_is_not(environ):
         ("KESTREL_STARTED_REPORT_DELAY_SECONDS", "nan"),
         ("KESTREL_RUNNER_ID", "runner-1"),
         ("KESTREL_RUNNER_POOL", "a/b"),
+        ("KESTREL_MAX_REPORT_BYTES", "1000"),
+        ("KESTREL_MAX_REPORT_BYTES", "big"),
+        ("KESTREL_WORKSPACE_QUOTA_MB", "-1"),
+        ("KESTREL_READ_MAX_FILE_BYTES", "0"),
     ],
 )
 def test_bad_values_are_refused_with_the_variable_named(environ, name, value):
