@@ -7,6 +7,8 @@ and no secret but its key, exactly as a hosted runner, so single-host runs the s
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -14,6 +16,11 @@ import sys
 from django.conf import settings
 
 from kestrel_one.accounts.principal import system_principal
+from kestrel_one.execution.broker_users import (
+    broker_users_enabled,
+    runner_broker_user_issue,
+    runner_broker_users_reconcile,
+)
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
@@ -55,6 +62,11 @@ def local_runner_environment() -> dict[str, str]:
             public_key_pem=public,
             name="single-host runner",
         )
+    broker = {"KESTREL_BROKER_URL": settings.CELERY_BROKER_URL}
+    if broker_users_enabled():
+        broker["KESTREL_BROKER_PASSWORD_FILE"] = str(_local_broker_password(runner, folder))
+        # The embedded broker keeps no ACL file: every start recreates the runner users.
+        runner_broker_users_reconcile()
     control_key = folder / "control.pub"
     control_key.write_text(control_public_key_pem())
     workspaces = settings.KESTREL_DATA_DIR / "workspaces"
@@ -70,11 +82,31 @@ def local_runner_environment() -> dict[str, str]:
         "KESTREL_RUNNER_POOL": runner.pool,
         "KESTREL_RUNNER_KEY_FILE": str(key_file),
         "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_key),
-        "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
+        **broker,
         "KESTREL_WORKSPACE_ROOT": str(workspaces),
         "KESTREL_SANDBOX": os.environ.get("KESTREL_SANDBOX", "auto"),
         "KESTREL_MAX_CALL_SECONDS": str(settings.KESTREL_MAX_CALL_SECONDS),
     }
+
+
+def _local_broker_password(runner: Runner, folder) -> os.PathLike:
+    """The local runner's broker password file (0600), issuing a new password when the file
+    is missing or no longer matches the hash the database keeps."""
+    path = folder / "broker.password"
+    try:
+        known = path.read_text().strip()
+    except FileNotFoundError:
+        known = ""
+    if not known or hashlib.sha256(known.encode()).hexdigest() != runner.broker_password_sha256:
+        password = getattr(runner, "broker_password", None) or runner_broker_user_issue(
+            runner=runner
+        )
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{password}\n")
+    return path
 
 
 def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = None) -> list[str]:
