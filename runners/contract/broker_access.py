@@ -57,6 +57,7 @@ RUNNER_COMMANDS = (
     "+pexpire",
     "+ttl",
     "+pttl",
+    "+time",
     "+brpop",
     "+rpop",
     "+lpush",
@@ -68,6 +69,7 @@ RUNNER_COMMANDS = (
     "+hgetall",
     "+zadd",
     "+zrem",
+    "+zrange",
     "+zrevrangebyscore",
     "+zrangebyscore",
     "+sadd",
@@ -127,6 +129,9 @@ def runner_acl_rules(pool: str, *, db: int) -> list[str]:
     keys = [f"~{key}" for key in _queue_keys(queue)]
     keys += [f"~{key}" for key in _binding_keys(queue) + _binding_keys(exchange)]
     keys.append(f"~{pool_namespace(pool)}*")
+    # Declaring the broadcast queue (``runner-control.<pool>.<uuid>``) asks its length; on
+    # Redis it is a subscription, never a list anyone writes.
+    keys.append(f"%R~{exchange}.*")
     # The control plane's queue: append only; its binding table: read only.
     keys += [f"%W~{key}" for key in _queue_keys(CONTROL_QUEUE)]
     keys += [f"%R~{key}" for key in _binding_keys(CONTROL_QUEUE)]
