@@ -252,8 +252,10 @@ def test_a_dedicated_runner_reads_and_runs_only_its_own_organizations_calls(worl
             pool="globex-iso", thread=acme_thread, org=world.other_org.public_id, path="ok.txt"
         )
         wait_for(
-            lambda: f'"call_id": "{ran_id}"' in globex.log_text()
-            and "call_finished" in globex.log_text().split(ran_id, 1)[-1],
+            lambda: (
+                f'"call_id": "{ran_id}"' in globex.log_text()
+                and "call_finished" in globex.log_text().split(ran_id, 1)[-1]
+            ),
             what="globex's runner to run the command bound to globex",
             detail=globex.log_text,
         )
@@ -298,8 +300,10 @@ def test_a_revoked_runner_is_cut_off_the_broker_and_runs_nothing_more(world, tmp
         after = request(person(world, "outsider"), thread, "after.txt", "2")
         refused_before = runner.log_text().count("invalid username-password pair")
         wait_for(
-            lambda: runner.process.poll() is not None
-            or runner.log_text().count("invalid username-password pair") >= refused_before + 2,
+            lambda: (
+                runner.process.poll() is not None
+                or runner.log_text().count("invalid username-password pair") >= refused_before + 2
+            ),
             what="the revoked runner to try the broker again",
             detail=runner.log_text,
         )
