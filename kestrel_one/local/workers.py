@@ -1,8 +1,9 @@
 """Single-host mode: the control worker and a runner as child processes of ``serve``.
 
 The local runner is enrolled like any other: its own key in the data folder (0600), its
-public key registered, the control plane's public key handed to it. It gets no database URL
-and no secret but its key, exactly as a hosted runner, so single-host runs the same signed path.
+public key registered, the control plane's public key handed to it, and a broker user of its
+own (its password in the data folder, 0600). It gets no database URL and no secret but its
+key and that password, exactly as a hosted runner, so single-host runs the same signed path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.conf import settings
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.execution.broker_users import (
+    BrokerAclUnavailable,
     broker_users_enabled,
     runner_broker_user_issue,
     runner_broker_users_reconcile,
@@ -138,14 +140,23 @@ def start_local_workers(stdout) -> list[subprocess.Popen]:
     end when ``serve`` ends, however it ends."""
     schedule = str(runtime_paths(settings.KESTREL_DATA_DIR).beat_schedule)
     slots = str(settings.KESTREL_LOCAL_CONCURRENCY)
+    try:
+        runner_env = local_runner_environment()
+    except BrokerAclUnavailable as error:
+        # Its broker user cannot be made (a REDIS_URL nobody answers, or one without ACLs):
+        # calls that would execute are refused (503) meanwhile; restart serve once it can.
+        runner_env = None
+        stdout.write(f"Runner:  not started. {error.message}")
     control = subprocess.Popen(
         control_worker_argv(concurrency=settings.KESTREL_LOCAL_CONCURRENCY, beat_schedule=schedule),
         env=os.environ.copy(),
         preexec_fn=die_with_parent,  # serve starts no thread before its workers
     )
+    if runner_env is None:
+        return [control]
     runner = subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", slots],
-        env=local_runner_environment(),
+        env=runner_env,
         preexec_fn=die_with_parent,
     )
     stdout.write(f"Control worker and runner started (pool {settings.KESTREL_DEFAULT_POOL}).")

@@ -44,6 +44,7 @@ RUNNER_COMMANDS = (
     "-@admin",
     "-@dangerous",
     "+select",
+    "+acl|whoami",
     "+multi",
     "+exec",
     "+discard",
