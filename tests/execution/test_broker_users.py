@@ -94,7 +94,8 @@ def test_a_broker_that_cannot_make_runner_users_fails_enrollment_closed(db, sett
     on a broker credential that could never be taken back."""
     name, password = f"kestrel-noacl-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     server = admin()
-    server.execute_command("ACL", "SETUSER", name, "on", f">{password}", "~*", "&*", "+@all", "-acl")
+    rules = ("on", f">{password}", "~*", "&*", "+@all", "-acl")
+    server.execute_command("ACL", "SETUSER", name, *rules)
     try:
         url = redis.connection.parse_url(settings.REDIS_URL)
         settings.REDIS_URL = f"redis://{name}:{password}@{url['host']}:{url['port']}/{url['db']}"
