@@ -11,10 +11,11 @@ broker_password_sha256``), so the users can be recreated after a broker restart
 with what the database holds.
 
 The control plane's own connection (``REDIS_URL``) must be allowed ``ACL SETUSER``, ``ACL
-DELUSER``, ``ACL LIST`` and ``CLIENT KILL`` (Redis's ``default`` user is). A broker without
-ACLs (Redis before 6) or a ``REDIS_URL`` user without those rights makes enrollment fail
-with ``broker_acl_unavailable``: runners are never enrolled on a credential that cannot be
-taken back. ``KESTREL_RUNNER_BROKER_USERS=0`` (single-host only) turns the users off.
+DELUSER``, ``ACL GETUSER``, ``ACL USERS`` and ``CLIENT KILL`` (Redis's ``default`` user
+is). A broker without ACLs (Redis before 6) or a ``REDIS_URL`` user without those rights
+makes enrollment fail with ``broker_acl_unavailable``: runners are never enrolled on a
+credential that cannot be taken back. ``KESTREL_RUNNER_BROKER_USERS=0`` (single-host only)
+turns the users off.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import logging
 import secrets
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+import kombu
+import kombu.exceptions
 import redis
 from django.conf import settings
 
@@ -31,6 +34,7 @@ from kestrel_one.common.errors import Unavailable
 from kestrel_one.execution.models import Runner
 from runners.contract.broker import redis_client_url
 from runners.contract.broker_access import runner_acl_rules
+from runners.contract.names import CONTROL_QUEUE
 
 __all__ = [
     "BrokerAclUnavailable",
@@ -97,7 +101,7 @@ def _refused(error: Exception) -> BrokerAclUnavailable:
         )
     return BrokerAclUnavailable(
         "The broker at REDIS_URL cannot manage per-runner users (Redis 6 or later with ACLs "
-        "is needed, and REDIS_URL's user must be allowed ACL SETUSER, ACL DELUSER, ACL LIST "
+        "is needed, and REDIS_URL's user must be allowed ACL SETUSER, DELUSER, GETUSER, USERS "
         f"and CLIENT KILL): {str(error)[:200]}. Runners are not enrolled on a broker "
         "credential that cannot be revoked."
     )
@@ -133,10 +137,23 @@ def runner_broker_user_apply(*, runner: Runner) -> None:
     try:
         _set_user(client, runner)
         _save(client)
-    except redis.RedisError as error:
+        _declare_control_queue()
+    except (redis.RedisError, kombu.exceptions.OperationalError) as error:
         raise _refused(error) from None
     finally:
         client.close()
+
+
+def _declare_control_queue() -> None:
+    """Bind the control queue as Celery does: a runner reads that binding to send a report
+    but may not write it, so the control plane makes sure it exists before any runner."""
+    exchange = kombu.Exchange(CONTROL_QUEUE, type="direct")
+    with kombu.Connection(
+        settings.CELERY_BROKER_URL, connect_timeout=CONNECT_TIMEOUT_SECONDS
+    ) as conn:
+        kombu.Queue(CONTROL_QUEUE, exchange, routing_key=CONTROL_QUEUE)(
+            conn.default_channel
+        ).declare()
 
 
 def runner_broker_user_remove(*, runner_id: str) -> None:
