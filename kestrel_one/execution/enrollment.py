@@ -14,10 +14,11 @@ import re
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import KestrelError, ValidationFailed
+from kestrel_one.common.errors import KestrelError, Unavailable, ValidationFailed
 from kestrel_one.execution.broker_users import (
     runner_broker_user_issue,
     runner_broker_user_remove,
@@ -126,13 +127,22 @@ def runner_pool_route(*, actor, organization, pool: str | None) -> str:
 
 def call_pool_for(organization) -> str:
     """The pool ``organization``'s calls are sent to: its routed dedicated pool, else the
-    shared default one (never a pool dedicated to anyone else: see ``_pool_claim``)."""
-    routed = (
-        RunnerPool.objects.filter(organization=organization, routes_calls=True)
-        .values_list("name", flat=True)
-        .first()
-    )
-    return routed or settings.KESTREL_DEFAULT_POOL
+    shared default one; never a pool dedicated to anyone else (one query)."""
+    default = settings.KESTREL_DEFAULT_POOL
+    pools = RunnerPool.objects.filter(
+        Q(organization=organization, routes_calls=True) | Q(name=default)
+    ).values_list("name", "organization_id", "routes_calls")
+    routed = [name for name, _, routes in pools if routes]
+    if routed:
+        return routed[0]
+    if any(owner not in (None, organization.pk) for _, owner, _ in pools):
+        # KESTREL_DEFAULT_POOL was changed to name a pool enrolled as someone's own.
+        raise Unavailable(
+            f"Execution is off: KESTREL_DEFAULT_POOL ({default!r}) names a pool dedicated to "
+            "one organization, so it cannot take every organization's calls. Set it to a "
+            "shared pool."
+        )
+    return default
 
 
 @transaction.atomic

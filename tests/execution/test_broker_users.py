@@ -10,7 +10,7 @@ import redis
 from django.conf import settings
 
 from kestrel_one.accounts.principal import system_principal
-from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.common.errors import Unavailable, ValidationFailed
 from kestrel_one.execution.broker_users import (
     BrokerAclUnavailable,
     runner_broker_users_reconcile,
@@ -147,3 +147,11 @@ def test_an_organizations_calls_go_only_to_its_own_pool_or_the_shared_one(world)
     assert world.other_org.audit_records.filter(action="runner.pool_route").count() == 1
     runner_pool_route(actor=SYSTEM, organization=world.other_org, pool=None)
     assert call_pool_for(world.other_org) == settings.KESTREL_DEFAULT_POOL
+
+
+def test_a_default_pool_that_is_someones_own_takes_no_other_organizations_calls(world, settings):
+    enroll("acme-own", world.org)
+    settings.KESTREL_DEFAULT_POOL = "acme-own"  # changed after the pool was dedicated
+    assert call_pool_for(world.org) == "acme-own"
+    with pytest.raises(Unavailable, match="dedicated to one organization"):
+        call_pool_for(world.other_org)

@@ -26,12 +26,14 @@ from django.db import connection
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.celery import app as control_app
 from kestrel_one.execution.broker_users import runner_broker_url
+from kestrel_one.execution.control import thread_end_announce
 from kestrel_one.execution.enrollment import runner_enroll, runner_pool_route
 from kestrel_one.execution.keys import control_private_key, control_public_key_pem
 from kestrel_one.execution.models import Action, ActionState, Receipt
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.tenancy.services import environment_create, project_create
+from kestrel_one.threads.selectors import scope_of
 from kestrel_one.threads.services import thread_create
 from runners.contract.names import EXECUTE_TASK, runner_queue
 from runners.contract.tokens import generate_private_key_pem, public_key_pem, sign_command
@@ -267,6 +269,22 @@ def test_a_dedicated_runner_reads_and_runs_only_its_own_organizations_calls(worl
         assert not (workspace / "stolen.txt").exists()
         assert not admin.exists(f"kestrel:pool:globex-iso:call:{refused_id}")
         assert admin.exists(f"kestrel:pool:globex-iso:call:{ran_id}")
+
+        # Its pool's control messages still reach it, on the one channel it may subscribe to.
+        scope = scope_of(
+            organization=world.other_org,
+            environment=globex_thread.project.environment,
+            project=globex_thread.project,
+            thread=globex_thread,
+        )
+        assert thread_end_announce(scope=scope, pools=["globex-iso"]) == 1
+        wait_for(
+            lambda: f'"thread": "{globex_thread.public_id}"' in globex.log_text(),
+            what="globex's runner to act on the thread's end",
+            detail=globex.log_text,
+        )
+        assert '"event": "thread_ended"' in globex.log_text()
+        assert "thread_ended" not in acme.log_text()
 
 
 def test_a_revoked_runner_is_cut_off_the_broker_and_runs_nothing_more(world, tmp_path):
