@@ -361,6 +361,16 @@ KESTREL_SIGNING_KEY_FILE = Path(
 if HOSTED and not env_str("KESTREL_SIGNING_KEY_FILE"):
     raise ImproperlyConfigured("KESTREL_MODE=hosted requires KESTREL_SIGNING_KEY_FILE to be set")
 KESTREL_DEFAULT_POOL = env_str("KESTREL_DEFAULT_POOL", "default")
+# Every enrolled runner logs in to the broker as its own Redis ACL user, limited to its
+# pool's keys and removed when it is revoked (kestrel_one/execution/broker_users.py). REDIS_URL
+# must then name a user allowed ACL SETUSER/DELUSER/LIST and CLIENT KILL (Redis 6+). Only a
+# single host may turn this off (runners then share the control plane's broker access).
+KESTREL_RUNNER_BROKER_USERS = env_bool("KESTREL_RUNNER_BROKER_USERS", True)
+if HOSTED and not KESTREL_RUNNER_BROKER_USERS:
+    raise ImproperlyConfigured(
+        "KESTREL_RUNNER_BROKER_USERS=0 is refused in hosted mode: without a broker user of "
+        "its own, a revoked runner could still take commands. Use a Redis with ACLs (6+)."
+    )
 # How long a signed command stays valid for a runner to pick it up.
 KESTREL_COMMAND_TTL_SECONDS = env_int("KESTREL_COMMAND_TTL_SECONDS", 120)
 # The longest a call may run on a runner; runners use the same value for their broker

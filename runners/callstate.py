@@ -19,6 +19,10 @@ One more key is not about a call: ``kestrel:thread-ended:<prj>:<thr>``, set when
 pool (not only the one that received the message) stops keeping that thread's sandbox warm.
 It is a cache hint, kept ``THREAD_ENDED_SECONDS``; authority stays with the control plane,
 which refuses new calls on an ended thread.
+
+A runner keeps these keys under its pool's namespace (``kestrel:pool:<pool>:call:<jti>``
+and so on, ``runners.contract.broker_access``): its broker user reaches no other pool's
+leases or results, which hold other organizations' calls.
 """
 
 from __future__ import annotations
@@ -53,9 +57,12 @@ RETENTION_SECONDS = 7 * 24 * 3600
 # lifetime plus a crash redelivery) and than any warm container could idle.
 THREAD_ENDED_SECONDS = 24 * 3600
 
-_CALL_KEY = "kestrel:call:{}"
-_RESULT_KEY = "kestrel:result:{}"
-_THREAD_ENDED_KEY = "kestrel:thread-ended:{}:{}"
+# Under the CallState's namespace: "kestrel:" by default, the pool's own on a runner
+# (runners.contract.broker_access.pool_namespace), where its broker user may reach them.
+DEFAULT_NAMESPACE = "kestrel:"
+_CALL_KEY = "call:{}"
+_RESULT_KEY = "result:{}"
+_THREAD_ENDED_KEY = "thread-ended:{}:{}"
 
 # Replace the value only if it is still exactly what the caller last saw: a heartbeat or a
 # take-over can never overwrite a lease that someone else has since claimed.
@@ -101,8 +108,10 @@ class CallState:
         worker: str,
         lease_seconds: float = LEASE_SECONDS,
         retention_seconds: int = RETENTION_SECONDS,
+        namespace: str = DEFAULT_NAMESPACE,
     ) -> None:
         self.client = client
+        self.namespace = namespace
         self.worker = worker
         self.lease_seconds = lease_seconds
         self.retention_seconds = retention_seconds
@@ -110,12 +119,12 @@ class CallState:
 
     def lease(self, call_id: str) -> Lease | None:
         """The current lease on ``call_id``, live or expired, if anyone ever claimed it."""
-        value = self.client.get(_CALL_KEY.format(call_id))
+        value = self.client.get(self._key(_CALL_KEY, call_id))
         return None if value is None else Lease.decode(value)
 
     def stored_result(self, call_id: str) -> str | None:
         """The signed finished report of ``call_id``, if the call already ended."""
-        value = self.client.get(_RESULT_KEY.format(call_id))
+        value = self.client.get(self._key(_RESULT_KEY, call_id))
         return None if value is None else value.decode("ascii")
 
     def claim(self, call_id: str, *, attempt: int, command_digest: str) -> Lease | None:
@@ -131,7 +140,7 @@ class CallState:
             lease_until=now + self.lease_seconds,
         )
         claimed = self.client.set(
-            _CALL_KEY.format(call_id), lease.encode(), nx=True, ex=self.retention_seconds
+            self._key(_CALL_KEY, call_id), lease.encode(), nx=True, ex=self.retention_seconds
         )
         return lease if claimed else None
 
@@ -160,23 +169,26 @@ class CallState:
         that stalled past its lease (and was taken over) can arrive second; its report is
         discarded so the call still has exactly one.
         """
-        key = _RESULT_KEY.format(call_id)
+        key = self._key(_RESULT_KEY, call_id)
         if self.client.set(key, token, nx=True, ex=self.retention_seconds):
             return token
         return self.stored_result(call_id) or token
 
     def mark_thread_ended(self, project: str, thread: str) -> None:
         """Record that ``thread`` ended (from a verified control message)."""
-        self.client.set(_THREAD_ENDED_KEY.format(project, thread), "1", ex=THREAD_ENDED_SECONDS)
+        self.client.set(self._key(_THREAD_ENDED_KEY, project, thread), "1", ex=THREAD_ENDED_SECONDS)
 
     def thread_ended(self, project: str, thread: str) -> bool:
         """Whether a ``thread.end`` for this thread reached any runner of the pool."""
-        return bool(self.client.exists(_THREAD_ENDED_KEY.format(project, thread)))
+        return bool(self.client.exists(self._key(_THREAD_ENDED_KEY, project, thread)))
 
     def _swap(self, expected: Lease, new: Lease) -> bool:
-        key = _CALL_KEY.format(expected.call_id)
+        key = self._key(_CALL_KEY, expected.call_id)
         args = [expected.encode(), new.encode(), self.retention_seconds]
         return bool(self._compare_and_set(keys=[key], args=args))
+
+    def _key(self, template: str, *parts: str) -> str:
+        return self.namespace + template.format(*parts)
 
     def _new_holder(self) -> str:
         return f"{self.worker}#{uuid.uuid4().hex[:12]}"

@@ -14,6 +14,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -46,6 +47,7 @@ DEFAULT_WORKSPACE_QUOTA_MB = 1024
 
 _RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_ORGANIZATION = re.compile(r"^org_[A-Za-z0-9_-]{1,124}$")
 
 
 class RunnerConfigError(ValueError):
@@ -73,6 +75,9 @@ class RunnerConfig:
     # 0: no quota filesystem (an unprivileged runner, which cannot mount one).
     workspace_quota_mb: int = DEFAULT_WORKSPACE_QUOTA_MB
     read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES
+    # The organization a dedicated runner was enrolled for (its public id); None for a
+    # shared runner. A command bound to any other organization is refused.
+    organization: str | None = None
 
     @property
     def queue(self) -> str:
@@ -99,9 +104,20 @@ class RunnerConfig:
             raise RunnerConfigError(
                 f"KESTREL_RUNNER_POOL must be letters, digits, '_', '-' or '.', got {pool!r}"
             )
+        organization = env.get("KESTREL_RUNNER_ORGANIZATION", "").strip() or None
+        if organization is not None and not _ORGANIZATION.fullmatch(organization):
+            raise RunnerConfigError(
+                "KESTREL_RUNNER_ORGANIZATION must be the organization id the runner was "
+                f"enrolled for (org_...), got {organization!r}"
+            )
+        password = broker_password(env)
         # Either spelling of a Redis on a Unix socket is taken (runners.contract.broker): Celery
         # gets kombu's, the call state redis-py's.
         broker_url = kombu_url(required("KESTREL_BROKER_URL"))
+        if password is not None:
+            # The runner's own broker user is named by its runner id (docs/runners.md); call
+            # state on the broker (the default) uses it too.
+            broker_url = with_credentials(broker_url, runner_id, password)
         state_url = env.get("KESTREL_RUNNER_STATE_URL", "").strip()
         if not state_url:
             if not is_redis_url(broker_url):
@@ -170,6 +186,7 @@ class RunnerConfig:
             max_report_bytes=max_report,
             workspace_quota_mb=quota_mb,
             read_max_file_bytes=read_max,
+            organization=organization,
         )
         # Read both keys now so that a bad file stops the runner at start, not at a call.
         config.private_key()
@@ -211,6 +228,37 @@ class RunnerConfig:
                 f"KESTREL_CONTROL_PUBLIC_KEY_FILE {str(self.control_public_key_file)!r} is "
                 f"not an Ed25519 public key PEM ({error})"
             ) from None
+
+
+def broker_password(env: Mapping[str, str]) -> str | None:
+    """The runner's broker password from ``KESTREL_BROKER_PASSWORD_FILE`` (mode 0600), or
+    None when the broker URL carries the credentials itself (or the broker needs none)."""
+    name = "KESTREL_BROKER_PASSWORD_FILE"
+    path = env.get(name, "").strip()
+    if not path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+        text = Path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or "not ASCII text"
+        raise RunnerConfigError(f"{name} {path!r} cannot be read: {reason}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise RunnerConfigError(
+            f"{name} {path!r} is readable by group or others (mode {stat.S_IMODE(mode):04o}); "
+            "chmod 600 it"
+        )
+    if not text or any(ch.isspace() for ch in text):
+        raise RunnerConfigError(f"{name} {path!r} must hold the broker password on one line")
+    return text
+
+
+def with_credentials(url: str, username: str, password: str) -> str:
+    """``url`` authenticating as ``username`` with ``password`` (replacing any it names)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{quote(username, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def env_seconds(

@@ -101,7 +101,28 @@ class Runner:
                 message=refused.message,
             )
             return Disposition.REFUSED
+        if self.config.organization is not None and command.org != self.config.organization:
+            return self._refuse_foreign(command)
         return self._dispatch(command)
+
+    def _refuse_foreign(self, command: Command) -> Disposition:
+        """A dedicated runner never runs, claims or stores another organization's call; it
+        says so in a signed report, which the control plane refuses and audits."""
+        message = "this runner is dedicated to another organization; the call was not run"
+        self._log(
+            "command_refused",
+            level=logging.WARNING,
+            code="wrong_organization",
+            call_id=command.jti,
+            call_id_verified=True,
+            message=message,
+        )
+        error = {"code": "wrong_organization", "message": message}
+        try:
+            self.report(self._finished(command, outcome="failed", result=None, error=error))
+        except kombu.exceptions.OperationalError:
+            log.warning("could not report the refusal of call %s", command.jti)
+        return Disposition.REFUSED
 
     def handle_control(self, token: Any) -> Disposition:
         """Deal with one control message; see the module docstring.

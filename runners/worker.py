@@ -32,6 +32,7 @@ from kombu.common import Broadcast
 
 from runners.callstate import CallState
 from runners.config import RunnerConfig
+from runners.contract.broker_access import pool_namespace, runner_transport_options
 from runners.contract.names import (
     CONTROL_TASK,
     EXECUTE_TASK,
@@ -79,6 +80,8 @@ def celery_settings(config: RunnerConfig) -> dict[str, Any]:
             "visibility_timeout": config.max_call_seconds + VISIBILITY_MARGIN_SECONDS,
             "unacked_restore_interval": RESTORE_INTERVAL_SECONDS,
             "unacked_restore_throttle": 1,
+            # In the pool's namespace, the only keys its broker user reaches besides queues.
+            **runner_transport_options(config.pool),
         },
         "result_backend": None,
         "task_ignore_result": True,
@@ -92,6 +95,9 @@ def celery_settings(config: RunnerConfig) -> dict[str, Any]:
         "task_time_limit": config.max_call_seconds + TIME_LIMIT_MARGIN_SECONDS,
         "worker_send_task_events": False,
         "task_send_sent_event": False,
+        # No remote control: its pidbox is one broadcast channel for every worker of the
+        # broker, which a runner's broker user may not join (runners.contract.broker_access).
+        "worker_enable_remote_control": False,
     }
 
 
@@ -114,7 +120,7 @@ def current_runner() -> Runner:
                 config.state_url, socket_timeout=10, socket_connect_timeout=5
             )
             worker = f"{config.runner_id}/{socket.gethostname()}/{os.getpid()}"
-            state = CallState(client, worker=worker)
+            state = CallState(client, worker=worker, namespace=pool_namespace(config.pool))
             chooser = WarmBackendChooser.from_environment(thread_ended=state.thread_ended)
             docker_capable = config.sandbox in ("auto", "docker")
             runner = Runner(
@@ -155,7 +161,7 @@ def _consume_control_messages(sender: Any = None, instance: Any = None, **_: Any
     """Also consume this pool's control messages, whatever ``-Q`` selected.
 
     A broadcast queue: each worker gets its own uniquely named queue bound to the fanout
-    exchange ``runner.<pool>.control``, so every worker of the pool gets every message. On
+    exchange ``runner-control.<pool>``, so every worker of the pool gets every message. On
     Redis that is PUBLISH/SUBSCRIBE: nothing is stored, a worker that is down or not yet
     subscribed misses the message (acceptable, see the module docstring). The routing key is
     set explicitly because the Redis transport subscribes to ``<exchange>/<routing key>``.
@@ -209,8 +215,12 @@ def _on_process_shutdown(**_: Any) -> None:
 
 
 def send_report(result_token: str) -> None:
-    """Send a signed report to the control plane, by task name (no shared code)."""
-    app.send_task(REPORT_TASK, args=[result_token], queue=REPORT_QUEUE)
+    """Send a signed report to the control plane, by task name (no shared code).
+
+    Sent without declaring the queue (``declare=[]``): declaring writes the queue's binding
+    table, which a runner's broker user may only read; the control plane declares it.
+    """
+    app.send_task(REPORT_TASK, args=[result_token], queue=REPORT_QUEUE, declare=[])
 
 
 def send_heartbeat(heartbeat_token: str) -> None:
@@ -227,6 +237,7 @@ def send_heartbeat(heartbeat_token: str) -> None:
             expires=HEARTBEAT_EXPIRES_SECONDS,
             retry=False,
             connection=connection,
+            declare=[],
         )
 
 

@@ -74,3 +74,11 @@ def test_a_login_limit_or_lockout_below_one_is_refused():
         result = run_manage({name: "0"}, "check")
         assert result.returncode != 0
         assert "KESTREL_LOGIN_LOCKOUT_MINUTES must be at least 1" in result.stderr
+
+
+def test_hosted_mode_refuses_runners_without_broker_users_of_their_own():
+    result = run_manage({**HOSTED, "KESTREL_RUNNER_BROKER_USERS": "false"}, "check")
+    assert result.returncode != 0
+    assert "KESTREL_RUNNER_BROKER_USERS=0 is refused in hosted mode" in result.stderr
+    # A single host may share the control plane's broker access (a Redis without ACLs).
+    assert run_manage({"KESTREL_RUNNER_BROKER_USERS": "false"}, "check").returncode == 0

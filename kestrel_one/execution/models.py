@@ -7,6 +7,40 @@ from django.db import models
 from kestrel_one.common.ids import PublicIdField
 
 
+class RunnerPool(models.Model):
+    """A runner pool: shared by every organization, or dedicated to one (its runners then
+    serve that organization's calls only, and only its calls are routed there)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    # Null: a shared pool (the platform's, or the single-host runner's).
+    organization = models.ForeignKey(
+        "tenancy.Organization",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="runner_pools",
+    )
+    # This organization's calls go to this pool instead of KESTREL_DEFAULT_POOL.
+    routes_calls = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization"],
+                condition=models.Q(routes_calls=True),
+                name="one_call_pool_per_organization",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(routes_calls=False) | models.Q(organization__isnull=False),
+                name="only_a_dedicated_pool_routes_calls",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Runner(models.Model):
     """An enrolled runner identity: its pool and public key; the private key never leaves it."""
 
@@ -29,6 +63,9 @@ class Runner(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # The sandbox backend its last heartbeat named: "docker", "bubblewrap" or "none".
     sandbox = models.CharField(max_length=32, blank=True, default="")
+    # SHA-256 (hex) of the password of the runner's own broker user (named by its public
+    # id): enough to recreate the user after a broker restart, never to log in as it.
+    broker_password_sha256 = models.CharField(max_length=64, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.public_id} ({self.pool})"

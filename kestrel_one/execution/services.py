@@ -25,6 +25,7 @@ from kestrel_one.common.broker import broker_status, broker_unavailable_message
 from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.common.storable import json_storable, utf8_encodable
+from kestrel_one.execution.enrollment import call_pool_for
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
     Action,
@@ -189,7 +190,7 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         requested_by=actor.actor_id,
         requested_by_token=actor.token,
         requested_by_user=actor.user,
-        pool=settings.KESTREL_DEFAULT_POOL,
+        pool=call_pool_for(project.organization),
         plan=plan,
         plan_step=plan_step["step"] if plan else None,
         flags=flags,

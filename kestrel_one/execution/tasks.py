@@ -7,6 +7,8 @@ from django.db import OperationalError
 
 from kestrel_one.accounts.services import sign_in_attempts_expire
 from kestrel_one.celery import app
+from kestrel_one.common.errors import KestrelError
+from kestrel_one.execution.broker_users import runner_broker_users_reconcile
 from kestrel_one.execution.heartbeats import HeartbeatRefused, runner_heartbeat_record
 from kestrel_one.execution.retention import retention_sweep
 from kestrel_one.execution.services import ReportRefused, calls_sweep, report_ingest
@@ -37,6 +39,14 @@ def sweep() -> None:
     ended = calls_sweep()
     if any(ended.values()):
         logger.info("sweep ended silent calls", **ended)
+    # A revocation the broker missed (it did not answer then), or users a restart lost.
+    try:
+        users = runner_broker_users_reconcile()
+    except KestrelError as error:
+        logger.warning("runner broker users not reconciled", reason=error.message)
+    else:
+        if any(users.values()):
+            logger.info("runner broker users reconciled", **users)
 
 
 @app.task(

@@ -1,12 +1,15 @@
 """Single-host mode: the control worker and a runner as child processes of ``serve``.
 
 The local runner is enrolled like any other: its own key in the data folder (0600), its
-public key registered, the control plane's public key handed to it. It gets no database URL
-and no secret but its key, exactly as a hosted runner, so single-host runs the same signed path.
+public key registered, the control plane's public key handed to it, and a broker user of its
+own (its password in the data folder, 0600). It gets no database URL and no secret but its
+key and that password, exactly as a hosted runner, so single-host runs the same signed path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -14,6 +17,12 @@ import sys
 from django.conf import settings
 
 from kestrel_one.accounts.principal import system_principal
+from kestrel_one.execution.broker_users import (
+    BrokerAclUnavailable,
+    broker_users_enabled,
+    runner_broker_user_issue,
+    runner_broker_users_reconcile,
+)
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
@@ -57,6 +66,11 @@ def local_runner_environment() -> dict[str, str]:
             public_key_pem=public,
             name="single-host runner",
         )
+    broker = {"KESTREL_BROKER_URL": settings.CELERY_BROKER_URL}
+    if broker_users_enabled():
+        broker["KESTREL_BROKER_PASSWORD_FILE"] = str(_local_broker_password(runner, folder))
+        # The embedded broker keeps no ACL file: every start recreates the runner users.
+        runner_broker_users_reconcile()
     control_key = folder / "control.pub"
     control_key.write_text(control_public_key_pem())
     workspaces = settings.KESTREL_DATA_DIR / "workspaces"
@@ -76,13 +90,33 @@ def local_runner_environment() -> dict[str, str]:
         "KESTREL_RUNNER_POOL": runner.pool,
         "KESTREL_RUNNER_KEY_FILE": str(key_file),
         "KESTREL_CONTROL_PUBLIC_KEY_FILE": str(control_key),
-        "KESTREL_BROKER_URL": settings.CELERY_BROKER_URL,
+        **broker,
         "KESTREL_WORKSPACE_ROOT": str(workspaces),
         "KESTREL_SANDBOX": os.environ.get("KESTREL_SANDBOX", "auto"),
         "KESTREL_MAX_CALL_SECONDS": str(settings.KESTREL_MAX_CALL_SECONDS),
         # The runner fits its reports into what this control plane records.
         "KESTREL_MAX_REPORT_BYTES": str(settings.KESTREL_MAX_REPORT_BYTES),
     }
+
+
+def _local_broker_password(runner: Runner, folder) -> os.PathLike:
+    """The local runner's broker password file (0600), issuing a new password when the file
+    is missing or no longer matches the hash the database keeps."""
+    path = folder / "broker.password"
+    try:
+        known = path.read_text().strip()
+    except FileNotFoundError:
+        known = ""
+    if not known or hashlib.sha256(known.encode()).hexdigest() != runner.broker_password_sha256:
+        password = getattr(runner, "broker_password", None) or runner_broker_user_issue(
+            runner=runner
+        )
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{password}\n")
+    return path
 
 
 def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = None) -> list[str]:
@@ -114,14 +148,23 @@ def start_local_workers(stdout) -> list[subprocess.Popen]:
     end when ``serve`` ends, however it ends."""
     schedule = str(runtime_paths(settings.KESTREL_DATA_DIR).beat_schedule)
     slots = str(settings.KESTREL_LOCAL_CONCURRENCY)
+    try:
+        runner_env = local_runner_environment()
+    except BrokerAclUnavailable as error:
+        # Its broker user cannot be made (a REDIS_URL nobody answers, or one without ACLs):
+        # calls that would execute are refused (503) meanwhile; restart serve once it can.
+        runner_env = None
+        stdout.write(f"Runner:  not started. {error.message}")
     control = subprocess.Popen(
         control_worker_argv(concurrency=settings.KESTREL_LOCAL_CONCURRENCY, beat_schedule=schedule),
         env=os.environ.copy(),
         preexec_fn=die_with_parent,  # serve starts no thread before its workers
     )
+    if runner_env is None:
+        return [control]
     runner = subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", slots],
-        env=local_runner_environment(),
+        env=runner_env,
         preexec_fn=die_with_parent,
     )
     stdout.write(f"Control worker and runner started (pool {settings.KESTREL_DEFAULT_POOL}).")

@@ -50,6 +50,8 @@ def control_exchange(pool: str) -> str:
     """The fanout exchange (and routing key) control messages for ``pool`` are published on.
 
     Every runner worker of the pool binds its own broadcast queue to it, so each one gets a
-    copy, unlike ``runner.<pool>`` where exactly one worker takes each command.
+    copy, unlike ``runner.<pool>`` where exactly one worker takes each command. Not
+    ``runner.<pool>.control``: that is the queue of a pool named ``<pool>.control``, whose
+    binding table a runner of ``<pool>`` could then write (runners.contract.broker_access).
     """
-    return f"runner.{pool}.control"
+    return f"runner-control.{pool}"

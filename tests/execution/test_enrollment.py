@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
+from django.conf import settings
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.common.errors import ValidationFailed
@@ -37,6 +39,8 @@ def test_runner_enroll_prints_what_the_runner_needs(tmp_path):
         "KESTREL_MODE": "single-host",
         "KESTREL_DATA_DIR": str(tmp_path / "var"),
         "DJANGO_SETTINGS_MODULE": "kestrel_one.settings",
+        # Enrollment makes the runner's broker user, so it needs a broker that answers.
+        "REDIS_URL": settings.REDIS_URL,
     }
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     enrolled = subprocess.run(
@@ -60,6 +64,15 @@ def test_runner_enroll_prints_what_the_runner_needs(tmp_path):
     assert "BEGIN PUBLIC KEY" in body["control_public_key"]
     assert "PRIVATE" not in enrolled.stdout
     assert key.read_text() not in enrolled.stdout
+    # The runner's own broker login, shown this once: it works, and only for its pool.
+    assert body["environment"]["KESTREL_BROKER_URL"] == settings.REDIS_URL
+    own = redis.Redis.from_url(
+        settings.REDIS_URL, username=body["runner"], password=body["broker_password"]
+    )
+    assert own.llen("runner.default") >= 0
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        own.llen("runner.other-pool")
+    own.close()
     bad = subprocess.run(
         [
             sys.executable,

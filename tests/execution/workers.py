@@ -61,7 +61,20 @@ def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict
         stdout=(base / "runner.log").open("w"),
         stderr=subprocess.STDOUT,
     )
-    control = subprocess.Popen(
+    control = control_worker(base, database=database)
+    try:
+        yield files
+    finally:
+        stop(runner)
+        stop(control)
+        unmount_workspace_quotas(files["workspaces"])  # a runner that had to be killed
+
+
+def control_worker(base: Path, *, database: dict) -> subprocess.Popen:
+    """A real control worker (queue ``control``) on the test database and broker, logging to
+    ``base / "control.log"``."""
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
+    return subprocess.Popen(
         control_worker_argv(concurrency=1),
         cwd=ROOT,
         env={
@@ -77,12 +90,6 @@ def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict
         stdout=(base / "control.log").open("w"),
         stderr=subprocess.STDOUT,
     )
-    try:
-        yield files
-    finally:
-        stop(runner)
-        stop(control)
-        unmount_workspace_quotas(files["workspaces"])  # a runner that had to be killed
 
 
 def governed_thread(

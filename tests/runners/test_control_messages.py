@@ -70,7 +70,7 @@ def test_a_signed_thread_end_verifies_with_every_claim():
 
 
 def test_the_exchange_is_per_pool_and_not_the_command_queue():
-    assert control_exchange("blue") == "runner.blue.control" != "runner.blue"
+    assert control_exchange("blue") == "runner-control.blue" != "runner.blue"
 
 
 def test_forged_by_another_key_is_refused():

@@ -317,6 +317,33 @@ def test_valid_command_runs_once_and_reports_its_result(
     assert finished.started_at is not None and finished.finished_at is not None
 
 
+def test_a_dedicated_runner_refuses_another_organizations_command_and_says_so(
+    config, state_client, recorder, runner_key, workspace_root, caplog
+):
+    """A runner enrolled for one organization never claims, runs or stores a command bound to
+    another one, however it reached its queue; its signed refusal lets the control plane
+    record it. The same command bound to its own organization runs."""
+    dedicated = make_runner(
+        dataclasses.replace(config, organization="org_01JMINE"), state_client, recorder
+    )
+    caplog.set_level(logging.INFO, logger="kestrel.runner")
+
+    assert dedicated.handle(command(org="org_01JORG")) is Disposition.REFUSED
+
+    assert recorder.executions == []
+    assert not (workspace_root / PROJECT / "marker.txt").exists()
+    assert state_client.keys("*") == [], "a refused command must not touch call state"
+    (refusal,) = reports(recorder, runner_key)
+    assert refusal.outcome == "failed" and refusal.error["code"] == "wrong_organization"
+    assert refusal.call_id == "act_01JTESTCALL"
+    logged = [json.loads(record.getMessage()) for record in caplog.records]
+    assert [(entry["event"], entry["code"]) for entry in logged] == [
+        ("command_refused", "wrong_organization")
+    ]
+    assert dedicated.handle(command(org="org_01JMINE", jti="act_01JMINE")) is Disposition.RAN
+    assert (workspace_root / PROJECT / "marker.txt").read_text() == "ran"
+
+
 # --- the started report: only for calls that outlive the delay ---------------------------
 
 
