@@ -372,6 +372,8 @@ KESTREL_CALL_GRACE_SECONDS = env_int("KESTREL_CALL_GRACE_SECONDS", 60)
 KESTREL_LOCAL_CONCURRENCY = env_int("KESTREL_LOCAL_CONCURRENCY", 2)
 # How long an action may wait for a person's decision before it expires.
 KESTREL_APPROVAL_TTL_SECONDS = env_int("KESTREL_APPROVAL_TTL_SECONDS", 24 * 60 * 60)
+# The most times one accepted plan step may run (a plan step's "uses"; 1 unless it says).
+KESTREL_PLAN_STEP_MAX_USES = max(env_int("KESTREL_PLAN_STEP_MAX_USES", 100), 1)
 # How long a replay of an Idempotency-Key returns the first response (at least a day).
 KESTREL_IDEMPOTENCY_TTL_SECONDS = max(
     env_int("KESTREL_IDEMPOTENCY_TTL_SECONDS", 48 * 60 * 60), 24 * 60 * 60

@@ -12,6 +12,7 @@ urlpatterns = [
         name="set_password",
     ),
     path("logout", account_views.logout_view, name="logout"),
+    path("tokens/new", account_views.TokenCreateView.as_view(), name="token_new"),
     path("", account_views.home, name="home"),
     path("admin/", admin.site.urls),
 ]

@@ -61,5 +61,21 @@ LOCAL_AGENT_SCOPES = frozenset({"org:read", "projects:read", "projects:write"})
 ROLE_RANK = {Role.VIEWER: 0, Role.AUDITOR: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
+def outranks(actor_role: Role | None, target_role: Role) -> bool:
+    """Whether a caller may change or remove someone holding ``target_role``: only from a
+    higher rank, except that owners manage owners (an organization must be able to replace
+    one). ``None`` is an integration token, which acts with an admin's rank.
+    Equal ranks below owner may not: an admin never narrows or removes another admin."""
+    actor = ROLE_RANK[actor_role] if actor_role is not None else ROLE_RANK[Role.ADMIN]
+    if actor_role == Role.OWNER and target_role == Role.OWNER:
+        return True
+    return actor > ROLE_RANK[target_role]
+
+
+# Scopes that carry a person's own authority: put on a token only from a signed-in console
+# session or by an operator's command on the server, never by another token (POL-5).
+PERSON_ONLY_SCOPES = frozenset({"actions:approve"})
+
+
 def unknown_scopes(scopes: list[str]) -> list[str]:
     return [scope for scope in scopes if scope not in SCOPES]

@@ -5,21 +5,27 @@ The session serves the console only; the REST API never accepts it.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django import forms
 from django.conf import settings
 from django.contrib.auth import authenticate, login, logout
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import SetPasswordForm
+from django.contrib.auth.mixins import LoginRequiredMixin
 from django.contrib.auth.views import PasswordResetConfirmView
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
+from django.utils import timezone
 from django.views import View
 from django.views.decorators.http import require_POST
 
 from kestrel_one.accounts.backends import server_token_sign_in_enabled
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.services import user_password_set
+from kestrel_one.accounts.scopes import SCOPES
+from kestrel_one.accounts.services import token_create, user_password_set
 from kestrel_one.accounts.sign_in_links import sign_in_link_tokens, sign_in_link_user
+from kestrel_one.common.errors import KestrelError
 
 
 class LoginForm(forms.Form):
@@ -139,6 +145,65 @@ class SetPasswordView(PasswordResetConfirmView):
 def logout_view(request):
     logout(request)
     return redirect(settings.LOGIN_URL)
+
+
+class TokenForm(forms.Form):
+    """A person's own token, made from the console: the only place (besides an operator's
+    command) a token gets ``actions:approve``. A token made here is the root of its lineage."""
+
+    organization = forms.ChoiceField()
+    name = forms.CharField(max_length=200)
+    scopes = forms.MultipleChoiceField(
+        choices=sorted((scope, scope) for scope in SCOPES), widget=forms.CheckboxSelectMultiple
+    )
+    days = forms.IntegerField(
+        required=False, min_value=1, help_text="Lifetime in days; the default when empty."
+    )
+
+    def __init__(self, *args, memberships, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.memberships = {m.organization.slug: m for m in memberships}
+        self.fields["organization"].choices = [
+            (slug, f"{m.organization.name} ({slug}, {m.role})")
+            for slug, m in self.memberships.items()
+        ]
+
+
+class TokenCreateView(LoginRequiredMixin, View):
+    """Create a token for yourself from a signed-in session; its secret is shown once."""
+
+    def _memberships(self, request):
+        return list(
+            request.user.memberships.select_related("organization").order_by("organization__slug")
+        )
+
+    def get(self, request):
+        form = TokenForm(memberships=self._memberships(request))
+        return render(request, "accounts/token_new.html", {"form": form})
+
+    def post(self, request):
+        form = TokenForm(request.POST, memberships=self._memberships(request))
+        if not form.is_valid():
+            return render(request, "accounts/token_new.html", {"form": form}, status=400)
+        data = form.cleaned_data
+        days = data.get("days")
+        try:
+            token, plaintext = token_create(
+                actor=Principal(PrincipalKind.SESSION, user=request.user),
+                organization=form.memberships[data["organization"]].organization,
+                name=data["name"],
+                scopes=data["scopes"],
+                expires_at=timezone.now() + timedelta(days=days) if days else None,
+            )
+        except KestrelError as exc:
+            form.add_error(None, exc.message)
+            return render(request, "accounts/token_new.html", {"form": form}, status=exc.status)
+        response = render(
+            request, "accounts/token_new.html", {"token": token, "plaintext": plaintext}
+        )
+        # The secret is shown once: no cache keeps it.
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 @login_required
