@@ -267,7 +267,13 @@ WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Browser sessions are short-lived, HttpOnly and never accepted by the REST API.
-SESSION_COOKIE_AGE = env_int("KESTREL_SESSION_SECONDS", 2 * 60 * 60)
+# Absolute lifetime from sign-in (not renewed per request), 2 hours by default and never more
+# than KESTREL_SESSION_MAX_SECONDS (12 hours): a longer value is cut to it.
+KESTREL_SESSION_MAX_SECONDS = 12 * 60 * 60
+SESSION_COOKIE_AGE = min(
+    max(env_int("KESTREL_SESSION_SECONDS", 2 * 60 * 60), 60), KESTREL_SESSION_MAX_SECONDS
+)
+SESSION_SAVE_EVERY_REQUEST = False
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True

@@ -26,7 +26,8 @@ SCOPES: dict[str, str] = {
     "org:read": "Read the organization, its members, environments, projects and own tokens.",
     "projects:read": "Read threads, actions, events and receipts in visible projects.",
     "projects:write": "Create threads and request actions in visible projects.",
-    "actions:approve": "Approve or deny actions and accept plans (people only).",
+    "actions:approve": "Approve or deny actions and accept plans and tasks (people only; put "
+    "on a token only from a console session or on the server).",
     "audit:read": "Read the organization's audit log.",
     "tokens:write": "Create and revoke your own tokens, never with a scope you lack.",
     "tokens:admin": "See and revoke everyone's tokens, and create integration tokens.",

@@ -377,7 +377,6 @@ class StepSerializer(StrictSerializer):
     uses = serializers.IntegerField(
         required=False,
         default=1,
-        min_value=1,
         help_text="How many times the step may run once accepted (at most "
         "KESTREL_PLAN_STEP_MAX_USES); 1 by default.",
     )

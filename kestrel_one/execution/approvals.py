@@ -31,20 +31,20 @@ def require_person(actor, *, requested_by_lineage: str = "", act: str, what: str
     request: a token minted by a token is the same agent (accounts.ApiToken.lineage), so
     neither the requesting token nor one minted from it (or from what minted it) decides.
 
-    ``act`` and ``what`` make the messages: "approve" an "action", "accept" a "plan".
+    ``act`` and ``what`` make the messages: "approve" "this action", "accept" "this plan".
     """
     if actor.kind == PrincipalKind.LOCAL_AGENT:
         raise PermissionDenied(
-            f"A local agent cannot {act} a {what}: sign in as a person and use the console or "
+            f"A local agent cannot {act} {what}: sign in as a person and use the console or "
             "your own API token with the actions:approve scope."
         )
     if not actor.is_person:
-        raise PermissionDenied(f"Only a person can {act} a {what}; integration tokens never can.")
+        raise PermissionDenied(f"Only a person can {act} {what}; integration tokens never can.")
     if requested_by_lineage and actor.lineage == requested_by_lineage:
         raise PermissionDenied(
-            f"This token cannot {act} a {what} that it, or a token minted in the same chain "
-            "(its lineage), requested: a token minted by a token is the same agent. Sign in to "
-            "the console, or use a token made there for deciding."
+            f"The token that made the request, or any token minted in the same chain (its "
+            f"lineage), cannot {act} {what}: a token minted by a token is the same agent. "
+            "Sign in to the console, or use a token made there for deciding."
         )
 
 
@@ -108,7 +108,7 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
         actor,
         requested_by_lineage=action.requested_by_lineage,
         act="approve" if approve else "deny",
-        what="action",
+        what="this action",
     )
     if action.state != ActionState.AWAITING_APPROVAL:
         raise Conflict(
@@ -199,7 +199,7 @@ def verification_record(
             actor,
             requested_by_lineage=action.requested_by_lineage,
             act="accept or reject",
-            what="task",
+            what="this task",
         )
         verified_by = actor.user.public_id
     if action.state not in {ActionState.SUCCEEDED, ActionState.FAILED}:

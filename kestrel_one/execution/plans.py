@@ -81,7 +81,9 @@ def plan_accept(*, actor, plan: Plan) -> Plan:
         .select_related("thread", "organization")
         .get(pk=plan.pk)
     )
-    require_person(actor, requested_by_lineage=plan.proposed_by_lineage, act="accept", what="plan")
+    require_person(
+        actor, requested_by_lineage=plan.proposed_by_lineage, act="accept", what="this plan"
+    )
     if plan.state != "proposed":
         raise Conflict(f"This plan is {plan.state}; only a proposed plan can be accepted.")
     # Accepting would make steps executable in a thread that takes no new actions.
