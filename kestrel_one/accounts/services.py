@@ -88,8 +88,9 @@ def token_create(
     if person_only and actor.kind not in {PrincipalKind.SESSION, PrincipalKind.SYSTEM}:
         raise PermissionDenied(
             f"The scope(s) {', '.join(person_only)} can be put on a token only by a person "
-            "signed in to the console (the Tokens page) or by an operator on the server, never "
-            "by another token: a token minted by a token is the same agent.",
+            f"signed in to the console (/console/{organization.slug}/tokens) or by an operator "
+            "on the server, never by another token: a token minted by a token is the same "
+            "agent.",
             details={"scopes": [f"{scope}: console only" for scope in person_only]},
         )
     if not integration and (projects is not AS_CREATOR or checks):

@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import SetPasswordForm
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.contrib.auth.views import PasswordResetConfirmView
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
 from django.utils import timezone
@@ -151,7 +152,6 @@ class TokenForm(forms.Form):
     """A person's own token, made from the console: the only place (besides an operator's
     command) a token gets ``actions:approve``. A token made here is the root of its lineage."""
 
-    organization = forms.ChoiceField()
     name = forms.CharField(max_length=200)
     scopes = forms.MultipleChoiceField(
         choices=sorted((scope, scope) for scope in SCOPES), widget=forms.CheckboxSelectMultiple
@@ -160,47 +160,51 @@ class TokenForm(forms.Form):
         required=False, min_value=1, help_text="Lifetime in days; the default when empty."
     )
 
-    def __init__(self, *args, memberships, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.memberships = {m.organization.slug: m for m in memberships}
-        self.fields["organization"].choices = [
-            (slug, f"{m.organization.name} ({slug}, {m.role})")
-            for slug, m in self.memberships.items()
-        ]
-
 
 class TokenCreateView(LoginRequiredMixin, View):
-    """Create a token for yourself from a signed-in session; its secret is shown once."""
+    """``/console/{org}/tokens``: create a token for yourself from a signed-in session; its
+    secret is shown once. An organization the person does not belong to is a 404."""
 
-    def _memberships(self, request):
-        return list(
-            request.user.memberships.select_related("organization").order_by("organization__slug")
+    def _membership(self, request, org: str):
+        membership = (
+            request.user.memberships.select_related("organization")
+            .filter(organization__slug=org)
+            .first()
+        )
+        if membership is None:
+            raise Http404
+        return membership
+
+    def _page(self, request, membership, context, status=200):
+        return render(
+            request,
+            "accounts/tokens.html",
+            {"organization": membership.organization, "role": membership.role, **context},
+            status=status,
         )
 
-    def get(self, request):
-        form = TokenForm(memberships=self._memberships(request))
-        return render(request, "accounts/token_new.html", {"form": form})
+    def get(self, request, org: str):
+        return self._page(request, self._membership(request, org), {"form": TokenForm()})
 
-    def post(self, request):
-        form = TokenForm(request.POST, memberships=self._memberships(request))
+    def post(self, request, org: str):
+        membership = self._membership(request, org)
+        form = TokenForm(request.POST)
         if not form.is_valid():
-            return render(request, "accounts/token_new.html", {"form": form}, status=400)
+            return self._page(request, membership, {"form": form}, status=400)
         data = form.cleaned_data
         days = data.get("days")
         try:
             token, plaintext = token_create(
                 actor=Principal(PrincipalKind.SESSION, user=request.user),
-                organization=form.memberships[data["organization"]].organization,
+                organization=membership.organization,
                 name=data["name"],
                 scopes=data["scopes"],
                 expires_at=timezone.now() + timedelta(days=days) if days else None,
             )
         except KestrelError as exc:
             form.add_error(None, exc.message)
-            return render(request, "accounts/token_new.html", {"form": form}, status=exc.status)
-        response = render(
-            request, "accounts/token_new.html", {"token": token, "plaintext": plaintext}
-        )
+            return self._page(request, membership, {"form": form}, status=exc.status)
+        response = self._page(request, membership, {"token": token, "plaintext": plaintext})
         # The secret is shown once: no cache keeps it.
         response["Cache-Control"] = "no-store"
         return response

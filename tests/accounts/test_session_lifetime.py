@@ -38,7 +38,7 @@ def test_a_session_ends_at_its_lifetime_after_sign_in(world, client):
     )
     ended = client.get("/")
     assert ended.status_code == 302 and ended["Location"].startswith("/login")
-    assert client.get("/tokens/new").status_code == 302
+    assert client.get("/console/acme/tokens").status_code == 302
 
 
 def test_the_session_lifetime_defaults_to_two_hours_and_is_capped():

@@ -115,12 +115,14 @@ def test_no_token_of_the_lineage_accepts_a_plan_it_proposed(world):
 def test_actions_approve_is_put_on_a_token_from_a_console_session(world, client):
     member = world["member"]
     client.force_login(member.user)
-    page = client.get("/tokens/new")
+    page = client.get("/console/acme/tokens")
     assert page.status_code == 200 and b"actions:approve" in page.content
+    # Another organization's page is the same 404 as a missing one.
+    assert client.get("/console/globex/tokens").status_code == 404
+    assert client.get("/console/no-such-org/tokens").status_code == 404
     made = client.post(
-        "/tokens/new",
+        "/console/acme/tokens",
         {
-            "organization": "acme",
             "name": "deciding",
             "scopes": ["org:read", "projects:read", "actions:approve"],
         },
@@ -137,9 +139,7 @@ def test_actions_approve_is_put_on_a_token_from_a_console_session(world, client)
     # The console holds a person to their role, too.
     viewer = APIClient()
     viewer.force_login(world["viewer"].user)
-    refused = viewer.post(
-        "/tokens/new", {"organization": "acme", "name": "x", "scopes": ["actions:approve"]}
-    )
+    refused = viewer.post("/console/acme/tokens", {"name": "x", "scopes": ["actions:approve"]})
     assert refused.status_code == 403
     assert not ApiToken.objects.filter(name="x").exists()
 
