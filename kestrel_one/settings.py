@@ -268,7 +268,13 @@ WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Browser sessions are short-lived, HttpOnly and never accepted by the REST API.
-SESSION_COOKIE_AGE = env_int("KESTREL_SESSION_SECONDS", 2 * 60 * 60)
+# Absolute lifetime from sign-in (not renewed per request), 2 hours by default and never more
+# than KESTREL_SESSION_MAX_SECONDS (12 hours): a longer value is cut to it.
+KESTREL_SESSION_MAX_SECONDS = 12 * 60 * 60
+SESSION_COOKIE_AGE = min(
+    max(env_int("KESTREL_SESSION_SECONDS", 2 * 60 * 60), 60), KESTREL_SESSION_MAX_SECONDS
+)
+SESSION_SAVE_EVERY_REQUEST = False
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
@@ -387,6 +393,8 @@ KESTREL_CALL_GRACE_SECONDS = env_int("KESTREL_CALL_GRACE_SECONDS", 60)
 KESTREL_LOCAL_CONCURRENCY = env_int("KESTREL_LOCAL_CONCURRENCY", 2)
 # How long an action may wait for a person's decision before it expires.
 KESTREL_APPROVAL_TTL_SECONDS = env_int("KESTREL_APPROVAL_TTL_SECONDS", 24 * 60 * 60)
+# The most times one accepted plan step may run (a plan step's "uses"; 1 unless it says).
+KESTREL_PLAN_STEP_MAX_USES = max(env_int("KESTREL_PLAN_STEP_MAX_USES", 100), 1)
 # How long a replay of an Idempotency-Key returns the first response (at least a day).
 KESTREL_IDEMPOTENCY_TTL_SECONDS = max(
     env_int("KESTREL_IDEMPOTENCY_TTL_SECONDS", 48 * 60 * 60), 24 * 60 * 60

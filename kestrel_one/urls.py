@@ -12,6 +12,9 @@ urlpatterns = [
         name="set_password",
     ),
     path("logout", account_views.logout_view, name="logout"),
+    path(
+        "console/<slug:org>/tokens", account_views.TokenCreateView.as_view(), name="console_tokens"
+    ),
     path("", account_views.home, name="home"),
     path("admin/", admin.site.urls),
 ]

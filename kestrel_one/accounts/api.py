@@ -11,6 +11,7 @@ from kestrel_one.accounts.scopes import SCOPES
 from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.api.base import OrgScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
+from kestrel_one.common.errors import echo
 
 
 class TokenSerializer(serializers.ModelSerializer):
@@ -18,6 +19,13 @@ class TokenSerializer(serializers.ModelSerializer):
     prefix = serializers.CharField(source="display_prefix", read_only=True)
     person = serializers.SerializerMethodField()
     integration = serializers.BooleanField(source="is_integration", read_only=True)
+    projects = serializers.SerializerMethodField(
+        help_text="An integration token's projects; null: every project (for a person's "
+        "token, null: the person's projects)."
+    )
+    parent = serializers.SerializerMethodField(
+        help_text="The token that made this one; null when made from the console or server."
+    )
 
     class Meta:
         model = ApiToken
@@ -28,6 +36,10 @@ class TokenSerializer(serializers.ModelSerializer):
             "scopes",
             "person",
             "integration",
+            "projects",
+            "checks",
+            "parent",
+            "lineage",
             "created_at",
             "expires_at",
             "revoked_at",
@@ -36,6 +48,14 @@ class TokenSerializer(serializers.ModelSerializer):
 
     def get_person(self, token) -> str | None:
         return token.user.email if token.user_id else None
+
+    def get_projects(self, token) -> list[str] | None:
+        if not token.is_integration or token.all_projects:
+            return None
+        return sorted(p.public_id for p in token.projects.all())
+
+    def get_parent(self, token) -> str | None:
+        return token.parent.public_id if token.parent_id else None
 
 
 class TokenCreatedSerializer(TokenSerializer):
@@ -56,7 +76,26 @@ class TokenCreateSerializer(StrictSerializer):
     integration = serializers.BooleanField(
         default=False, help_text="A token for no person (admins only); it can never approve."
     )
-    expires_at = serializers.DateTimeField(required=False)
+    expires_at = serializers.DateTimeField(
+        required=False,
+        help_text="Never after the expiry of the token making it; left out: the default "
+        "lifetime, clipped to that expiry.",
+    )
+    projects = serializers.ListField(
+        child=serializers.CharField(max_length=40),
+        required=False,
+        allow_null=True,
+        allow_empty=True,
+        max_length=500,
+        help_text="Integration tokens: the projects it sees (only ones you see); null: every "
+        "project (only if you see all); left out: the projects you see.",
+    )
+    checks = serializers.ListField(
+        child=serializers.RegexField(r"^[a-z0-9][a-z0-9._-]{0,99}$"),
+        required=False,
+        max_length=20,
+        help_text="Integration tokens: the named checks it may record verifications as.",
+    )
 
 
 class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
@@ -69,7 +108,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedVi
     lookup_url_kwarg = "id"
 
     def restrict(self, queryset):
-        queryset = queryset.select_related("user")
+        queryset = queryset.select_related("user", "parent").prefetch_related("projects")
         if "tokens:admin" in self.principal.scopes_in(self.organization):
             return queryset
         if self.principal.user is None:
@@ -80,11 +119,29 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedVi
     def create(self, request, *args, **kwargs):
         data = TokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        if values.get("projects") is not None:
+            values["projects"] = self._visible_projects(values["projects"])
         token, plaintext = token_create(
-            actor=self.principal, organization=self.organization, **data.validated_data
+            actor=self.principal, organization=self.organization, **values
         )
         body = TokenCreatedSerializer(token, context={"plaintext": plaintext}).data
         return Response(body, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
+
+    def _visible_projects(self, ids: list[str]) -> list:
+        """The named projects among those the caller sees; another is answered like a missing
+        one. Through the organization's reverse relation: accounts names no tenancy module."""
+        visible = self.organization.projects.visible_to(self.principal, self.organization)
+        found = {p.public_id: p for p in visible.filter(public_id__in=ids)}
+        missing = {f"projects[{i}]": pid for i, pid in enumerate(ids) if pid not in found}
+        if missing:
+            raise serializers.ValidationError(
+                {
+                    name: [f"no project {echo(pid)} in this organization"]
+                    for name, pid in missing.items()
+                }
+            )
+        return [found[pid] for pid in dict.fromkeys(ids)]
 
     def destroy(self, request, *args, **kwargs):
         token = token_revoke(actor=self.principal, token=self.get_object())

@@ -68,10 +68,23 @@ class ApiToken(models.Model):
     created_by = models.ForeignKey(
         User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The token that minted this one (None: made from a console session or on the server).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    # The public id of the root of the minting chain: a token minted by a token is the same
+    # agent, so it never approves what its lineage requested. A root's lineage is its own id.
+    lineage = models.CharField(max_length=40, db_index=True, editable=False)
     name = models.CharField(max_length=200)
     key_id = models.CharField(max_length=16, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
     scopes = models.JSONField(default=list)
+    # Integration tokens only (a person's token sees the person's projects): every project of
+    # the organization, or exactly ``projects``. Neither: none (fail closed).
+    all_projects = models.BooleanField(default=False)
+    projects = models.ManyToManyField("tenancy.Project", blank=True, related_name="+")
+    # Integration tokens only: the named checks this token may record verifications as.
+    checks = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -84,6 +97,11 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.display_prefix}…)"
+
+    def save(self, *args, **kwargs):
+        if not self.lineage:
+            self.lineage = self.parent.lineage if self.parent_id else self.public_id
+        super().save(*args, **kwargs)
 
     @property
     def is_integration(self) -> bool:

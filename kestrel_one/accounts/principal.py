@@ -48,6 +48,11 @@ class Principal:
         return self.user is not None and self.kind in {PrincipalKind.TOKEN, PrincipalKind.SESSION}
 
     @property
+    def lineage(self) -> str:
+        """The minting chain of the token this principal acts with ('' without a token)."""
+        return self.token.lineage if self.token is not None else ""
+
+    @property
     def member_user(self):
         """Whose memberships decide what this principal may address (and see)."""
         return self.user if self.user is not None else self.acting_for

@@ -26,7 +26,8 @@ SCOPES: dict[str, str] = {
     "org:read": "Read the organization, its members, environments, projects and own tokens.",
     "projects:read": "Read threads, actions, events and receipts in visible projects.",
     "projects:write": "Create threads and request actions in visible projects.",
-    "actions:approve": "Approve or deny actions and accept plans (people only).",
+    "actions:approve": "Approve or deny actions and accept plans and tasks (people only; put "
+    "on a token only from a console session or on the server).",
     "audit:read": "Read the organization's audit log.",
     "tokens:write": "Create and revoke your own tokens, never with a scope you lack.",
     "tokens:admin": "See and revoke everyone's tokens, and create integration tokens.",
@@ -59,6 +60,22 @@ LOCAL_AGENT_SCOPES = frozenset({"org:read", "projects:read", "projects:write"})
 # An auditor ranks with viewers: it holds no scope that changes the organization, so it
 # never grants anything, and an admin may appoint one.
 ROLE_RANK = {Role.VIEWER: 0, Role.AUDITOR: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+
+
+def outranks(actor_role: Role | None, target_role: Role) -> bool:
+    """Whether a caller may change or remove someone holding ``target_role``: only from a
+    higher rank, except that owners manage owners (an organization must be able to replace
+    one). ``None`` is an integration token, which acts with an admin's rank.
+    Equal ranks below owner may not: an admin never narrows or removes another admin."""
+    actor = ROLE_RANK[actor_role] if actor_role is not None else ROLE_RANK[Role.ADMIN]
+    if actor_role == Role.OWNER and target_role == Role.OWNER:
+        return True
+    return actor > ROLE_RANK[target_role]
+
+
+# Scopes that carry a person's own authority: put on a token only from a signed-in console
+# session or by an operator's command on the server, never by another token (POL-5).
+PERSON_ONLY_SCOPES = frozenset({"actions:approve"})
 
 
 def unknown_scopes(scopes: list[str]) -> list[str]:

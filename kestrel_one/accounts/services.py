@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
+from typing import Any
 
 from axes.models import AccessAttempt
 from django.conf import settings
@@ -14,7 +16,7 @@ from django.utils import timezone
 from kestrel_one.accounts import tokens
 from kestrel_one.accounts.models import ApiToken, User
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.scopes import unknown_scopes
+from kestrel_one.accounts.scopes import PERSON_ONLY_SCOPES, Role, outranks, unknown_scopes
 from kestrel_one.audit.services import audit_record, audit_refusal_record
 from kestrel_one.common.errors import PermissionDenied, ValidationFailed
 
@@ -31,6 +33,11 @@ def user_get_or_create(*, email: str, name: str = "") -> tuple[User, bool]:
     return User.objects.create_user(email=email, name=name), True
 
 
+# ``projects`` left out of token_create: an integration token sees what its creator sees.
+AS_CREATOR: Any = object()
+CHECK_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+
+
 @transaction.atomic
 def token_create(
     *,
@@ -41,12 +48,18 @@ def token_create(
     integration: bool = False,
     expires_at: datetime | None = None,
     user: User | None = None,
+    projects: Any = AS_CREATOR,
+    checks: list[str] | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its plaintext, which is never stored or shown again.
 
-    A token can never hold a scope its creator lacks in the organization. ``user`` is only
-    for trusted callers (the bootstrap command); API callers get a token for themselves or,
-    with ``integration``, for no person.
+    A token can never hold a scope its creator lacks in the organization, nor outlive the
+    token that made it; ``actions:approve`` is put on a token only from a console session or
+    an operator's command (``PERSON_ONLY_SCOPES``). An integration token sees ``projects``
+    (None: every project; left out: what its creator sees), never more than its creator, and
+    may record verifications as ``checks``. ``user`` is only for trusted callers (the
+    bootstrap command); API callers get a token for themselves or, with ``integration``, for
+    no person.
     """
     bad = unknown_scopes(scopes)
     if bad:
@@ -71,50 +84,153 @@ def token_create(
             "Integration tokens cannot approve: approvals are made by people.",
             details={"scopes": ["actions:approve needs a person"]},
         )
-    now = timezone.now()
-    max_expiry = now + settings.KESTREL_TOKEN_MAX_TTL
-    if expires_at is None:
-        expires_at = now + settings.KESTREL_TOKEN_DEFAULT_TTL
-    if expires_at <= now or expires_at > max_expiry:
-        raise ValidationFailed(
-            "expires_at must be in the future and at most "
-            f"{settings.KESTREL_TOKEN_MAX_TTL.days} days away.",
-            details={"expires_at": ["out of range"]},
+    person_only = sorted(PERSON_ONLY_SCOPES & set(scopes))
+    if person_only and actor.kind not in {PrincipalKind.SESSION, PrincipalKind.SYSTEM}:
+        raise PermissionDenied(
+            f"The scope(s) {', '.join(person_only)} can be put on a token only by a person "
+            f"signed in to the console (/console/{organization.slug}/tokens) or by an operator "
+            "on the server, never by another token: a token minted by a token is the same "
+            "agent.",
+            details={"scopes": [f"{scope}: console only" for scope in person_only]},
         )
+    if not integration and (projects is not AS_CREATOR or checks):
+        raise ValidationFailed(
+            "projects and checks are for integration tokens: a person's token sees the "
+            "person's projects and never speaks for a check.",
+            details={"integration": ["required for projects and checks"]},
+        )
+    expires_at = _token_expiry(actor, expires_at)
     owner = None if integration else (user or actor.user)
     if owner is None and not integration:
         raise ValidationFailed(
             "This caller is not a person; ask for an integration token instead.",
             details={"integration": ["required for a caller that is not a person"]},
         )
+    all_projects, chosen = (
+        _token_projects(actor, organization, projects) if integration else (False, [])
+    )
+    checks = sorted(set(checks or []))
+    _check_bindable(actor, checks)
     plaintext, key_id, secret_hash = tokens.generate()
     token = ApiToken.objects.create(
         organization=organization,
         user=owner,
         created_by=actor.user,
+        parent=actor.token,
         name=name,
         key_id=key_id,
         secret_hash=secret_hash,
         scopes=sorted(set(scopes)),
+        all_projects=all_projects,
+        checks=checks,
         expires_at=expires_at,
     )
+    token.projects.set(chosen)
+    data: dict[str, Any] = {
+        "name": name,
+        "scopes": token.scopes,
+        "integration": integration,
+        "expires_at": expires_at.isoformat(),
+    }
+    if actor.token is not None:
+        data["parent"] = actor.token.public_id
+    if integration:
+        data["projects"] = "all" if all_projects else sorted(p.public_id for p in chosen)
+        data["checks"] = checks
     audit_record(
-        organization=organization,
-        actor=actor,
-        action="token.create",
-        target=token,
-        data={
-            "name": name,
-            "scopes": token.scopes,
-            "integration": integration,
-            "expires_at": expires_at.isoformat(),
-        },
+        organization=organization, actor=actor, action="token.create", target=token, data=data
     )
     return token, plaintext
 
 
+def _token_expiry(actor: Principal, expires_at: datetime | None) -> datetime:
+    """Within the maximum, and never after the token making it expires (its parent)."""
+    now = timezone.now()
+    max_expiry = now + settings.KESTREL_TOKEN_MAX_TTL
+    parent = actor.token
+    if expires_at is None:
+        expires_at = now + settings.KESTREL_TOKEN_DEFAULT_TTL
+        if parent is not None:
+            # Left out: the default, clipped to the parent's expiry.
+            expires_at = min(expires_at, parent.expires_at)
+    if expires_at <= now or expires_at > max_expiry:
+        raise ValidationFailed(
+            "expires_at must be in the future and at most "
+            f"{settings.KESTREL_TOKEN_MAX_TTL.days} days away.",
+            details={"expires_at": ["out of range"]},
+        )
+    if parent is not None and expires_at > parent.expires_at:
+        raise ValidationFailed(
+            "expires_at is after the token making this one expires "
+            f"({parent.expires_at.isoformat()}): a token never outlives its parent. Ask for "
+            "an earlier expiry, or make a longer-lived token from the console.",
+            details={"expires_at": [f"after the parent token's expiry {parent.expires_at}"]},
+        )
+    return expires_at
+
+
+def _token_projects(actor: Principal, organization, projects) -> tuple[bool, list]:
+    """(all_projects, projects) for an integration token: never wider than its creator's.
+
+    ``organization.projects`` is tenancy's ProjectQuerySet (through the reverse relation, so
+    accounts names no tenancy module); its ``limit_of`` is None when the creator sees every
+    project, else the projects it is limited to.
+    """
+    limit = organization.projects.limit_of(actor, organization)
+    if projects is AS_CREATOR:
+        return (True, []) if limit is None else (False, list(limit))
+    if projects is None:
+        if limit is not None:
+            raise PermissionDenied(
+                "You are limited to some projects, so you cannot make a token that sees every "
+                "project: name the projects (only ones you can see), or leave projects out.",
+                details={"projects": ["all projects is wider than yours"]},
+            )
+        return True, []
+    if limit is not None:
+        held = set(limit.values_list("pk", flat=True))
+        beyond = sorted(p.public_id for p in projects if p.pk not in held)
+        if beyond:
+            raise PermissionDenied(
+                f"You cannot give a token project(s) you cannot see: {', '.join(beyond)}.",
+                details={"projects": beyond},
+            )
+    return False, list(projects)
+
+
+def _check_bindable(actor: Principal, checks: list[str]) -> None:
+    bad = [name for name in checks if not CHECK_NAME.match(name)]
+    if bad:
+        raise ValidationFailed(
+            "A check name is 1-100 lowercase letters, digits, '.', '_' or '-'.",
+            details={"checks": [f"invalid: {name[:100]}" for name in bad]},
+        )
+    # A token binds only checks it speaks for itself; a person (tokens:admin) binds any.
+    if actor.token is not None and actor.token.is_integration:
+        unbound = sorted(set(checks) - set(actor.token.checks))
+        if unbound:
+            raise PermissionDenied(
+                f"This token cannot bind check(s) it is not bound to: {', '.join(unbound)}.",
+                details={"checks": unbound},
+            )
+
+
 @transaction.atomic
 def token_revoke(*, actor: Principal, token: ApiToken) -> ApiToken:
+    """Revoke a token. Someone else's person token needs a higher role than that person's
+    (owners revoke owners' tokens): an admin cannot lock an owner out of the API."""
+    if (
+        actor.kind != PrincipalKind.SYSTEM
+        and token.user_id is not None
+        and (actor.user is None or actor.user.pk != token.user_id)
+    ):
+        target = token.user.memberships.filter(organization=token.organization).first()
+        if target is not None and not outranks(
+            actor.role_in(token.organization), Role(target.role)
+        ):
+            raise PermissionDenied(
+                f"Your role cannot revoke the token of a member who is {target.role}."
+            )
     updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
     )

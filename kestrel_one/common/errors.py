@@ -34,6 +34,12 @@ class PermissionDenied(KestrelError):
     status = 403
 
 
+class CheckNotBound(PermissionDenied):
+    """A verification names a check the calling token is not bound to."""
+
+    code = "check_not_bound"
+
+
 class NotFound(KestrelError):
     code = "not_found"
     status = 404

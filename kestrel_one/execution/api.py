@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import Counter
 
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
@@ -339,6 +340,10 @@ class VerificationViewSet(ProjectScopedViewSet):
 
 class PlanSerializer(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id", read_only=True)
+    steps = serializers.SerializerMethodField(
+        help_text="Each step's tool, canonical args and digest, how many times it may run "
+        "once accepted (uses) and how many actions have named it so far (used)."
+    )
     thread = serializers.CharField(source="thread.public_id", read_only=True)
     accepted_by = serializers.CharField(
         source="accepted_by.public_id", default=None, read_only=True, allow_null=True
@@ -358,10 +363,23 @@ class PlanSerializer(serializers.ModelSerializer):
             "created_at",
         ]
 
+    def get_steps(self, plan) -> list[dict]:
+        used = Counter(plan.actions.values_list("plan_step", flat=True))
+        return [
+            {**step, "uses": step.get("uses", 1), "used": used.get(index, 0)}
+            for index, step in enumerate(plan.steps)
+        ]
+
 
 class StepSerializer(StrictSerializer):
     tool = serializers.CharField(max_length=100)
     args = serializers.JSONField()
+    uses = serializers.IntegerField(
+        required=False,
+        default=1,
+        help_text="How many times the step may run once accepted (at most "
+        "KESTREL_PLAN_STEP_MAX_USES); 1 by default.",
+    )
 
 
 class PlanCreateSerializer(StrictSerializer):

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import Conflict, PermissionDenied
+from kestrel_one.common.errors import CheckNotBound, Conflict, PermissionDenied, ValidationFailed
 from kestrel_one.execution.models import Action, ActionState, Approval, Verification
 from kestrel_one.execution.services import (
     APPROVAL_EXPIRED,
@@ -26,21 +26,26 @@ from policies import Mode
 from runners.contract.canonical import digest
 
 
-def require_person(actor, *, requested_by_token=None, act: str = "approve") -> None:
-    """Only a person may decide; the requesting token never decides about its own request."""
+def require_person(actor, *, requested_by_lineage: str = "", act: str, what: str) -> None:
+    """Only a person may decide, and never through a token of the lineage that made the
+    request: a token minted by a token is the same agent (accounts.ApiToken.lineage), so
+    neither the requesting token nor one minted from it (or from what minted it) decides.
+
+    ``act`` and ``what`` make the messages: "approve" "this action", "accept" "this plan".
+    """
     if actor.kind == PrincipalKind.LOCAL_AGENT:
         raise PermissionDenied(
-            f"A local agent cannot {act}: sign in as a person and use the console or your own "
-            "API token with the actions:approve scope."
+            f"A local agent cannot {act} {what}: sign in as a person and use the console or "
+            "your own API token with the actions:approve scope."
         )
     if not actor.is_person:
-        raise PermissionDenied(f"Only a person can {act}; integration tokens never can.")
-    if (
-        requested_by_token is not None
-        and actor.token is not None
-        and (actor.token.pk == requested_by_token.pk)
-    ):
-        raise PermissionDenied(f"The token that made the request cannot {act} it.")
+        raise PermissionDenied(f"Only a person can {act} {what}; integration tokens never can.")
+    if requested_by_lineage and actor.lineage == requested_by_lineage:
+        raise PermissionDenied(
+            f"The token that made the request, or any token minted in the same chain (its "
+            f"lineage), cannot {act} {what}: a token minted by a token is the same agent. "
+            "Sign in to the console, or use a token made there for deciding."
+        )
 
 
 def _digest_intact(action: Action) -> None:
@@ -96,11 +101,14 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
 def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
     action = (
         Action.objects.select_for_update(of=("self",))
-        .select_related("thread", "project", "organization", "environment", "requested_by_token")
+        .select_related("thread", "project", "organization", "environment")
         .get(pk=action.pk)
     )
     require_person(
-        actor, requested_by_token=action.requested_by_token, act="approve" if approve else "deny"
+        actor,
+        requested_by_lineage=action.requested_by_lineage,
+        act="approve" if approve else "deny",
+        what="this action",
     )
     if action.state != ActionState.AWAITING_APPROVAL:
         raise Conflict(
@@ -153,16 +161,46 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
     return approval
 
 
+def _has_substance(evidence: str) -> bool:
+    """Evidence says something: at least one letter or digit, not only spaces, punctuation
+    or invisible characters."""
+    return any(char.isalnum() for char in evidence)
+
+
 @transaction.atomic
 def verification_record(
     *, actor, action: Action, accepted: bool, evidence: str, check_name: str = ""
 ) -> Verification:
     """Record whether the task was accepted. A person decides, or a named check does; the
-    receipt's observed effects are evidence, never acceptance by themselves."""
+    receipt's observed effects are evidence, never acceptance by themselves (AUD-4).
+
+    Either way it needs its own evidence. A named check speaks only through a token bound to
+    it (``ApiToken.checks``); a person never accepts through a token of the lineage that
+    requested the action.
+    """
+    if not _has_substance(evidence or ""):
+        raise ValidationFailed(
+            "Evidence is required: say what was checked and what it showed (a test run, a "
+            "review, a link); the receipt alone never accepts a task.",
+            details={"evidence": ["empty"]},
+        )
     if check_name:
+        token = actor.token
+        if token is None or check_name not in token.checks:
+            raise CheckNotBound(
+                f"This token is not bound to the check '{check_name}', so it cannot record "
+                "verifications as it. An admin makes an integration token for the check "
+                f'with "checks": ["{check_name}"].',
+                details={"check": ["not bound to this token"]},
+            )
         verified_by = f"check:{check_name}"
     else:
-        require_person(actor, act="accept or reject a task")
+        require_person(
+            actor,
+            requested_by_lineage=action.requested_by_lineage,
+            act="accept or reject",
+            what="this task",
+        )
         verified_by = actor.user.public_id
     if action.state not in {ActionState.SUCCEEDED, ActionState.FAILED}:
         raise Conflict("Only a finished action can be verified.")

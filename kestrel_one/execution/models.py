@@ -124,6 +124,9 @@ class Action(models.Model):
     requested_by_token = models.ForeignKey(
         "accounts.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The requesting token's lineage (accounts.ApiToken.lineage), kept even if the token goes:
+    # no token of that lineage may approve this action.
+    requested_by_lineage = models.CharField(max_length=40, blank=True, default="")
     requested_by_user = models.ForeignKey(
         "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -227,13 +230,16 @@ class Plan(models.Model):
         "tenancy.Organization", on_delete=models.CASCADE, related_name="+"
     )
     thread = models.ForeignKey("threads.Thread", on_delete=models.CASCADE, related_name="plans")
-    # [{"tool", "args" (canonical), "args_digest"}, ...]
+    # [{"tool", "args" (canonical), "args_digest", "uses"}, ...]; each action naming a step
+    # uses it once, and a step runs at most ``uses`` times (1 when absent).
     steps = models.JSONField()
     state = models.CharField(max_length=10, choices=STATES, default="proposed")
     proposed_by = models.CharField(max_length=64)
     proposed_by_token = models.ForeignKey(
         "accounts.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The proposing token's lineage: no token of it may accept this plan.
+    proposed_by_lineage = models.CharField(max_length=40, blank=True, default="")
     accepted_by = models.ForeignKey(
         "accounts.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )

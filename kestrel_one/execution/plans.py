@@ -2,11 +2,13 @@
 
 An accepted step is executed by an action that names it explicitly; the server checks the step
 belongs to the thread and matches the action exactly (``services._plan_step``), never by
-similarity.
+similarity. Each step runs at most ``uses`` times (1 unless the plan says otherwise): every
+action that names it uses it once, whatever that action's outcome.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -37,8 +39,15 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
         except ValidationFailed as exc:
             details = {f"steps[{index}].{name}": why for name, why in (exc.details or {}).items()}
             raise ValidationFailed(f"steps[{index}]: {exc.message}", details=details) from None
+        uses = step.get("uses", 1)
+        if not 1 <= uses <= settings.KESTREL_PLAN_STEP_MAX_USES:
+            raise ValidationFailed(
+                f"steps[{index}].uses must be 1 to {settings.KESTREL_PLAN_STEP_MAX_USES} "
+                "(KESTREL_PLAN_STEP_MAX_USES): how many times the step may run once accepted.",
+                details={f"steps[{index}].uses": ["out of range"]},
+            )
         canonical_steps.append(
-            {"tool": tool.name, "args": canonical, "args_digest": digest(canonical)}
+            {"tool": tool.name, "args": canonical, "args_digest": digest(canonical), "uses": uses}
         )
     thread_require_open(thread=thread)  # an ended thread takes no new plan
     plan = Plan.objects.create(
@@ -47,6 +56,7 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
         steps=canonical_steps,
         proposed_by=actor.actor_id,
         proposed_by_token=actor.token,
+        proposed_by_lineage=actor.lineage,
         flags=injection_flags(canonical_steps),
     )
     event_append(
@@ -68,10 +78,12 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
 def plan_accept(*, actor, plan: Plan) -> Plan:
     plan = (
         Plan.objects.select_for_update(of=("self",))
-        .select_related("thread", "organization", "proposed_by_token")
+        .select_related("thread", "organization")
         .get(pk=plan.pk)
     )
-    require_person(actor, requested_by_token=plan.proposed_by_token, act="accept a plan")
+    require_person(
+        actor, requested_by_lineage=plan.proposed_by_lineage, act="accept", what="this plan"
+    )
     if plan.state != "proposed":
         raise Conflict(f"This plan is {plan.state}; only a proposed plan can be accepted.")
     # Accepting would make steps executable in a thread that takes no new actions.

@@ -22,7 +22,7 @@ from kestrel_one.artifacts.capture import artifacts_capture
 from kestrel_one.audit.services import audit_record, audit_refusal_record
 from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status, broker_unavailable_message
-from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed, echo
+from kestrel_one.common.errors import Conflict, ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.common.storable import json_storable, utf8_encodable
 from kestrel_one.execution.enrollment import call_pool_for
@@ -97,8 +97,10 @@ def action_scope(action: Action) -> dict:
 
 
 def _plan_step(*, thread, plan_id: str, step: int, tool: str, args_digest: str):
-    """The accepted plan step this action names, checked exactly: never found by similarity."""
-    plan = Plan.objects.filter(public_id=plan_id, thread=thread).first()
+    """The accepted plan step this action names, checked exactly (never found by similarity)
+    and not yet used as many times as the plan allows."""
+    # Locked: two requests naming the same step are counted one after the other.
+    plan = Plan.objects.select_for_update().filter(public_id=plan_id, thread=thread).first()
     if plan is None:
         missing = f"no plan {echo(plan_id)} in this thread"
         raise ValidationFailed(missing, details={"plan_step.plan": [missing]})
@@ -117,6 +119,14 @@ def _plan_step(*, thread, plan_id: str, step: int, tool: str, args_digest: str):
             "This action does not match the plan step it names (tool and arguments must be "
             "exactly the accepted ones).",
             details={"plan_step": ["does not match the accepted step"]},
+        )
+    uses = expected.get("uses", 1)
+    used = Action.objects.filter(plan=plan, plan_step=step).count()
+    if used >= uses:
+        raise Conflict(
+            f"Step {step} of this plan has already run {used} time(s), as many as the plan "
+            "allows; propose and accept a new plan to run it again.",
+            details={"plan_step.step": [f"used {used} of {uses}"]},
         )
     return plan
 
@@ -189,6 +199,7 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         limits=command_limits(decision.limits),
         requested_by=actor.actor_id,
         requested_by_token=actor.token,
+        requested_by_lineage=actor.lineage,
         requested_by_user=actor.user,
         pool=call_pool_for(project.organization),
         plan=plan,

@@ -137,10 +137,11 @@ class MemberUpdateSerializer(StrictSerializer):
     )
 
 
-def resolve_projects(organization, ids: list[str]) -> list[Project]:
-    found = {
-        p.public_id: p for p in Project.objects.for_org(organization).filter(public_id__in=ids)
-    }
+def resolve_projects(principal, organization, ids: list[str]) -> list[Project]:
+    """The named projects, looked up among those the caller can see: one it cannot see is
+    answered exactly like a missing one."""
+    visible = Project.objects.visible_to(principal, organization)
+    found = {p.public_id: p for p in visible.filter(public_id__in=ids)}
     missing = {f"projects[{i}]": pid for i, pid in enumerate(ids) if pid not in found}
     if missing:
         raise serializers.ValidationError(
@@ -169,7 +170,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
         values = data.validated_data
         projects = None
         if "projects" in values:
-            projects = resolve_projects(self.organization, values["projects"])
+            projects = resolve_projects(self.principal, self.organization, values["projects"])
         added = services.member_add(
             actor=self.principal,
             organization=self.organization,
@@ -194,7 +195,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
         # Absent: unchanged; null: every project; a list (even empty): exactly those.
         limited_to = None
         if values.get("projects") is not None:
-            limited_to = resolve_projects(self.organization, values["projects"])
+            limited_to = resolve_projects(self.principal, self.organization, values["projects"])
         membership = services.membership_update(
             actor=self.principal,
             membership=membership,

@@ -7,6 +7,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
+from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.accounts.scopes import Role
 from kestrel_one.common.ids import PublicIdField
 
@@ -105,20 +106,44 @@ class ProjectQuerySet(models.QuerySet):
     def for_org(self, organization: Organization) -> ProjectQuerySet:
         return self.filter(organization=organization)
 
-    def visible_to(self, principal, organization: Organization) -> ProjectQuerySet:
-        """Projects of the organization this principal may see.
+    def limit_of(self, principal, organization: Organization) -> ProjectQuerySet | None:
+        """None when the principal sees every project of the organization, else the projects
+        it is limited to (possibly none).
 
-        A member limited to some projects sees only those granted to them by object
-        permission; everyone else in the organization sees all of its projects.
+        A member (and the local agent, through the local owner) follows its membership: all
+        projects, or those granted to it by object permission. An integration token follows
+        its own explicit set (``ApiToken.all_projects`` / ``projects``). Anyone else, a token
+        of another organization included, sees nothing; only an operator's command (SYSTEM)
+        sees everything without either. Fail closed.
         """
         qs = self.for_org(organization)
+        if principal.kind == PrincipalKind.SYSTEM:
+            return None
         membership = principal.membership_in(organization)
-        if membership is not None and not membership.all_projects:
-            qs = qs.filter(
-                user_permissions__user=membership.user,
-                user_permissions__permission__codename="view_project",
-            ).distinct()
-        return qs
+        if membership is not None:
+            if membership.all_projects:
+                return None
+            return qs.filter(
+                pk__in=ProjectUserObjectPermission.objects.filter(
+                    user=membership.user, permission__codename="view_project"
+                ).values("content_object_id")
+            )
+        token = principal.token
+        if (
+            principal.user is None
+            and token is not None
+            and token.user_id is None
+            and token.organization_id == organization.pk
+        ):
+            if token.all_projects:
+                return None
+            return qs.filter(pk__in=token.projects.values("pk"))
+        return qs.none()
+
+    def visible_to(self, principal, organization: Organization) -> ProjectQuerySet:
+        """Projects of the organization this principal may see (``limit_of``)."""
+        limit = self.limit_of(principal, organization)
+        return self.for_org(organization) if limit is None else limit
 
 
 class Project(models.Model):

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.scopes import ROLE_RANK, Role
+from kestrel_one.accounts.scopes import ROLE_RANK, Role, outranks
 from kestrel_one.accounts.services import user_get_or_create
 from kestrel_one.accounts.sign_in_links import (
     sign_in_link_allowed,
@@ -48,7 +48,11 @@ def organization_create(*, actor: Principal, slug: str, name: str, owner) -> Org
     return organization
 
 
-def _check_can_grant(actor: Principal, organization, role: Role) -> None:
+def _check_can_grant(
+    actor: Principal, organization, role: Role, projects: list[Project] | None
+) -> None:
+    """Nobody grants what they do not hold: a role above their own (only owners make owners),
+    or a project set wider than their own (``projects`` None is every project)."""
     if actor.kind == PrincipalKind.SYSTEM:
         return  # an operator's command on the server itself (bootstrap, member_add)
     actor_role = actor.role_in(organization)
@@ -56,6 +60,82 @@ def _check_can_grant(actor: Principal, organization, role: Role) -> None:
     rank = ROLE_RANK[actor_role] if actor_role else ROLE_RANK[Role.ADMIN]
     if ROLE_RANK[role] > rank or (role == Role.OWNER and actor_role != Role.OWNER):
         raise PermissionDenied(f"Your role cannot grant the role '{role}'.")
+    limit = Project.objects.limit_of(actor, organization)
+    if limit is None:
+        return
+    if projects is None:
+        raise PermissionDenied(
+            "You are limited to some projects, so you cannot grant every project: name the "
+            "projects (only ones you can see).",
+            details={"projects": ["all projects is wider than yours"]},
+        )
+    held = set(limit.values_list("pk", flat=True))
+    beyond = sorted(p.public_id for p in projects if p.pk not in held)
+    if beyond:
+        raise PermissionDenied(
+            f"You cannot grant project(s) you cannot see yourself: {', '.join(beyond)}.",
+            details={"projects": beyond},
+        )
+
+
+def _granted_projects(membership: Membership) -> list[Project] | None:
+    """The member's project set: None for every project."""
+    if membership.all_projects:
+        return None
+    return list(
+        Project.objects.filter(
+            organization=membership.organization,
+            user_permissions__user=membership.user,
+            user_permissions__permission__codename="view_project",
+        ).distinct()
+    )
+
+
+def _is_self(actor: Principal, membership: Membership) -> bool:
+    return actor.user is not None and actor.user.pk == membership.user_id
+
+
+def _check_can_manage(actor: Principal, membership: Membership) -> None:
+    """Changing or removing someone else needs a higher rank (owners manage owners) and a
+    project set that covers theirs: nobody narrows or locks out who holds more than they do."""
+    if actor.kind == PrincipalKind.SYSTEM:
+        return
+    organization = membership.organization
+    if not outranks(actor.role_in(organization), Role(membership.role)):
+        raise PermissionDenied(
+            f"Your role cannot change or remove a member who is {membership.role}: that needs "
+            "a higher role (owners manage owners)."
+        )
+    limit = Project.objects.limit_of(actor, organization)
+    if limit is None:
+        return
+    theirs = _granted_projects(membership)
+    held = set(limit.values_list("pk", flat=True))
+    if theirs is None or any(p.pk not in held for p in theirs):
+        raise PermissionDenied(
+            "This member can see projects that you cannot, so you cannot change or remove "
+            "them; ask someone who sees all of their projects."
+        )
+
+
+def _check_not_widening_self(
+    membership: Membership, role: Role | None, projects: list[Project] | None, all_projects: bool
+) -> None:
+    """A person may step down or narrow their own projects, never widen themselves."""
+    if role is not None and ROLE_RANK[role] > ROLE_RANK[Role(membership.role)]:
+        raise PermissionDenied(
+            "You cannot raise your own role; ask someone who holds the role to grant it.",
+            details={"role": ["wider than your own"]},
+        )
+    current = _granted_projects(membership)
+    if current is None:
+        return
+    held = {p.pk for p in current}
+    if all_projects or (projects is not None and any(p.pk not in held for p in projects)):
+        raise PermissionDenied(
+            "You cannot widen your own projects; ask someone who can see them to grant them.",
+            details={"projects": ["wider than your own"]},
+        )
 
 
 def _set_project_grants(membership: Membership, projects: list[Project] | None) -> None:
@@ -89,7 +169,7 @@ def membership_add(
 def _membership_create(
     *, actor: Principal, organization, user, role: Role, projects: list[Project] | None
 ) -> Membership:
-    _check_can_grant(actor, organization, role)
+    _check_can_grant(actor, organization, role, projects)
     try:
         with transaction.atomic():
             membership = Membership.objects.create(
@@ -186,9 +266,15 @@ def membership_update(
     organization = membership.organization
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     changes: dict[str, object] = {}
+    if _is_self(actor, membership):
+        _check_not_widening_self(membership, role, projects, all_projects)
+    else:
+        _check_can_manage(actor, membership)
+        if role is not None and role != membership.role:
+            _check_can_grant(actor, organization, role, [])
+        if all_projects or projects is not None:
+            _check_can_grant(actor, organization, Role(membership.role), projects)
     if role is not None and role != membership.role:
-        _check_can_grant(actor, organization, role)
-        _check_can_grant(actor, organization, Role(membership.role))
         if membership.role == Role.OWNER and _owners_left_after(membership) == 0:
             raise Conflict("An organization must keep at least one owner.")
         changes["role"] = {"from": membership.role, "to": role}
@@ -215,7 +301,8 @@ def membership_update(
 @transaction.atomic
 def membership_remove(*, actor: Principal, membership: Membership) -> None:
     organization = membership.organization
-    _check_can_grant(actor, organization, Role(membership.role))
+    if not _is_self(actor, membership):  # anyone may leave, except the last owner
+        _check_can_manage(actor, membership)
     if membership.role == Role.OWNER and _owners_left_after(membership) == 0:
         raise Conflict("An organization must keep at least one owner.")
     _set_project_grants(membership, [])
@@ -317,8 +404,14 @@ def project_create(
     # creator could not see it.
     membership = actor.membership_in(organization)
     granted = membership is not None and not membership.all_projects
+    grant: dict[str, str] = {}
     if granted:
         _grant_project(membership.user, project)
+        grant = {"granted_to_creator": membership.public_id}
+    elif actor.token is not None and actor.token.is_integration and not actor.token.all_projects:
+        # An integration token limited to some projects is given the one it makes, the same.
+        actor.token.projects.add(project)
+        grant = {"granted_to_creator": actor.token.public_id}
     audit_record(
         organization=organization,
         actor=actor,
@@ -327,7 +420,7 @@ def project_create(
         data={
             "name": name,
             "environment": environment.public_id,
-            **({"granted_to_creator": membership.public_id} if granted else {}),
+            **grant,
         },
     )
     return project

@@ -24,6 +24,16 @@ class Route:
 
 
 def org_scoped_routes() -> list[Route]:
+    """Every organization route of the REST API (the ``api`` namespace)."""
+    return [route for route in all_org_routes() if route.name.startswith("api:")]
+
+
+def console_org_routes() -> list[Route]:
+    """Every organization page outside the API: the session-signed-in console."""
+    return [route for route in all_org_routes() if not route.name.startswith("api:")]
+
+
+def all_org_routes() -> list[Route]:
     routes: list[Route] = []
 
     def walk(patterns, prefix: str, namespace: str) -> None:
@@ -39,7 +49,9 @@ def org_scoped_routes() -> list[Route]:
                         Route(
                             name=f"{namespace}{entry.name}",
                             pattern=full,
-                            view_class=getattr(callback, "cls", None),
+                            # A DRF viewset's class, or a Django view's.
+                            view_class=getattr(callback, "cls", None)
+                            or getattr(callback, "view_class", None),
                             # DRF adds HEAD beside GET once a view has served a request;
                             # it runs the same handler, so the walker probes GET only.
                             actions={

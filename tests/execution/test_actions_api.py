@@ -9,6 +9,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.services import token_create
 from kestrel_one.execution.models import Action, Approval, Plan
 from kestrel_one.threads.models import ThreadEvent
 
@@ -398,11 +400,19 @@ def test_verification_is_separate_from_observed_effects(world, broker):
     assert (
         person.status_code == 201 and person.json()["verified_by"] == world["member"].user.public_id
     )
-    check = (
-        world["member"]
-        .client()
-        .post(url, {"accepted": True, "evidence": "ci run 981 green", "check": "ci"}, format="json")
+    _, ci_token = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="ci",
+        scopes=["org:read", "projects:read", "projects:write"],
+        integration=True,
+        checks=["ci"],
     )
+    ci = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {ci_token}")
+    check = ci.post(
+        url, {"accepted": True, "evidence": "ci run 981 green", "check": "ci"}, format="json"
+    )
+    assert check.status_code == 201, check.content
     assert check.json()["verified_by"] == "check:ci"
     assert [v["accepted"] for v in world["viewer"].client().get(url).json()["results"]] == [
         False,

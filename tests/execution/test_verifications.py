@@ -1,0 +1,139 @@
+"""Verification records (AUD-4): acceptance needs its own evidence, and a named check speaks
+only through a token bound to it."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+from kestrel_one.accounts.services import token_create
+from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.execution.approvals import verification_record
+from kestrel_one.execution.models import Verification
+
+pytestmark = pytest.mark.spec("AUD-4")
+
+
+def verifications_url(world) -> str:
+    return (
+        f"/api/v1/orgs/acme/projects/{world.project.public_id}/threads/"
+        f"{world.thread.public_id}/actions/{world.finished_action.public_id}/verifications"
+    )
+
+
+def check_token(world, *, checks: list[str]) -> str:
+    _, plaintext = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="ci",
+        scopes=["org:read", "projects:read", "projects:write"],
+        integration=True,
+        checks=checks,
+    )
+    return plaintext
+
+
+def bearer(plaintext: str) -> APIClient:
+    return APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+
+
+@pytest.mark.parametrize("evidence", ["\u200b", "\u200b\u200b", "...", "\t-\u00a0"])
+def test_evidence_without_substance_is_refused(world, evidence):
+    response = (
+        world["member"]
+        .client()
+        .post(verifications_url(world), {"accepted": True, "evidence": evidence}, format="json")
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["details"] == {"evidence": ["empty"]}
+    assert not Verification.objects.exists()
+
+
+def test_the_service_refuses_empty_evidence_from_any_caller(world):
+    member = world["member"]
+    actor = Principal(PrincipalKind.TOKEN, user=member.user, token=member.token)
+    for evidence in ("", "   "):
+        with pytest.raises(ValidationFailed):
+            verification_record(
+                actor=actor, action=world.finished_action, accepted=True, evidence=evidence
+            )
+    assert not Verification.objects.exists()
+
+
+def test_a_member_cannot_post_as_a_check(world):
+    for name in ("owner", "member"):
+        response = (
+            world[name]
+            .client()
+            .post(
+                verifications_url(world),
+                {"accepted": True, "evidence": "ci run 981 green", "check": "ci"},
+                format="json",
+            )
+        )
+        assert response.status_code == 403, (name, response.content)
+        error = response.json()["error"]
+        assert error["code"] == "check_not_bound"
+        assert "'ci'" in error["message"]
+    assert not Verification.objects.exists()
+
+
+def test_a_check_speaks_only_through_a_token_bound_to_it(world):
+    lint = bearer(check_token(world, checks=["lint"]))
+    other = lint.post(
+        verifications_url(world),
+        {"accepted": True, "evidence": "ci run 981 green", "check": "ci"},
+        format="json",
+    )
+    assert other.status_code == 403 and other.json()["error"]["code"] == "check_not_bound"
+    own = lint.post(
+        verifications_url(world),
+        {"accepted": True, "evidence": "ruff: 0 findings", "check": "lint"},
+        format="json",
+    )
+    assert own.status_code == 201, own.content
+    assert own.json()["verified_by"] == "check:lint"
+    # Without naming its check, an integration is not a person and accepts nothing.
+    person = lint.post(
+        verifications_url(world), {"accepted": True, "evidence": "looks fine"}, format="json"
+    )
+    assert person.status_code == 403
+
+
+def test_binding_a_check_needs_an_integration_token_made_by_an_admin(world):
+    member = world["member"].client()
+    refused = member.post(
+        "/api/v1/orgs/acme/tokens",
+        {"name": "my ci", "scopes": ["org:read"], "checks": ["ci"]},
+        format="json",
+    )
+    assert refused.status_code == 400, refused.content
+    made = (
+        world["admin"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/tokens",
+            {"name": "ci", "scopes": ["projects:write"], "integration": True, "checks": ["ci"]},
+            format="json",
+        )
+    )
+    assert made.status_code == 201, made.content
+    assert made.json()["checks"] == ["ci"]
+    # A check token passes on only the checks it is bound to.
+    bound = bearer(
+        token_create(
+            actor=system_principal("tests"),
+            organization=world.org,
+            name="ci admin",
+            scopes=["org:read", "tokens:admin", "tokens:write"],
+            integration=True,
+            checks=["ci"],
+        )[1]
+    )
+    widened = bound.post(
+        "/api/v1/orgs/acme/tokens",
+        {"name": "deploy", "scopes": ["org:read"], "integration": True, "checks": ["deploy"]},
+        format="json",
+    )
+    assert widened.status_code == 403, widened.content
