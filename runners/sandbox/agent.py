@@ -7,15 +7,26 @@ than the rest of a warm call (docs/performance.md). Why that keeps a call as con
 exec, and the runner's side of it, is in ``runners.sandbox.warm``.
 
 Protocol, over the Unix socket the runner reaches through a per-container bind mount: one
-connection per command. The runner sends a 4-byte big-endian length and a JSON request::
+connection per command. Every message is a 4-byte big-endian length and a JSON document.
+The runner sends the request::
 
-    {"key": "...", "argv": [...], "env": {...}, "cwd": "/workspace",
+    {"key": "...", "probe": {"token": "...", "marker": ".kestrel-probe-...",
+                             "workspace": "/workspace"},
+     "argv": [...], "env": {...}, "cwd": "/workspace",
      "tmpdir": "/tmp/kestrel-...", "timeout_s": 30.0, "output_limit": 65536}
 
-and reads back one length-prefixed JSON answer: ``exit_code``, ``stdout``/``stderr``
-(base64, at most ``output_limit`` bytes each), ``truncated``, ``timed_out``, ``oom_kills``
-(how many processes the memory cgroup killed during the call) and ``duration_ms``; or
-``{"error": "..."}`` when the command could not be started at all.
+The agent first probes (RUN-5, before every command): it writes the token into the
+workspace, tries to create the marker beside the workspace, and checks that the root
+filesystem is mounted read-only. It reports ``{"probe": {"written": ..., "beside": ...,
+"read_only_root": ..., "errors": [...]}}`` and waits for ``{"go": true}``: the runner
+checks the workspace and the directory beside it on the host, and only then lets the
+command start. Anything but ``go`` (or a request without ``argv``: the probe of a new
+container) ends the connection with nothing run. After the command the agent sends one
+answer: ``exit_code``, ``stdout``/``stderr`` (base64, at most ``output_limit`` bytes
+each), ``truncated``, ``timed_out``, ``oom_kills`` (how many processes the memory cgroup
+killed during the call), ``clean`` (whether everything the call left was removed; see
+below) and ``duration_ms``; or ``{"error": "..."}`` when the command could not be started
+at all.
 
 What the agent guarantees:
 - It answers only the runner. The peer must be outside the container (the runner's process
@@ -29,7 +40,11 @@ What the agent guarantees:
   the agent's own), no stdin and no descriptor of the agent's.
 - Nothing outlives its call: when the command exits, times out, or the runner's connection
   drops, the agent sends SIGKILL to every other process in the container (``kill(-1)``),
-  reaps them, and empties /tmp and /dev/shm.
+  reaps them, empties /tmp, /dev/shm and /dev/mqueue, and removes every SysV shared memory
+  segment, message queue and semaphore set of the container's IPC namespace. The
+  commands run as the agent's uid, so it may remove whatever they made; if anything is
+  left (or cannot be listed), the answer says ``clean: false`` and the runner drops the
+  container.
 """
 
 import base64
@@ -37,6 +52,7 @@ import ctypes
 import hmac
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -55,11 +71,18 @@ OOM_COUNTERS = (
     "/sys/fs/cgroup/memory.events",
     "/sys/fs/cgroup/memory/memory.oom_control",
 )
-SCRATCH = ("/tmp", "/dev/shm")  # noqa: S108 - the container's own tmpfs
+SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")  # noqa: S108 - the container's own
+# SysV IPC objects of the container's IPC namespace, and how each kind is removed.
+SYSV_IPC = ("shm", "msg", "sem")
+IPC_RMID = 0
+PROBE_MARKER = re.compile(r"\.kestrel-probe-[0-9a-f]{32}")
+# How long the runner may take to check the probe on the host and say go.
+GO_SECONDS = 30
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def main(path):
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     # Python's own SIGINT handler would let a command stop PID 1. With default dispositions
     # the kernel drops every signal sent to PID 1 from inside its namespace, and a command
     # starts with default dispositions too (an ignored signal would stay ignored across exec).
@@ -79,6 +102,12 @@ def main(path):
             except (OSError, ValueError):
                 continue
             if not hmac.compare_digest(str(request.get("key", "")).encode(), key):
+                continue
+            try:
+                go = probe(request, connection)
+            except (OSError, ValueError, KeyError, TypeError):
+                go = False
+            if not go or "argv" not in request:
                 continue
             answer = run(request, connection)
             try:
@@ -114,6 +143,63 @@ def send(connection, answer):
     connection.sendall(HEADER.pack(len(body)) + body)
 
 
+def probe(request, connection):
+    """RUN-5 before the command: write the token in the workspace, try to write beside it,
+    look at the root's mount flags, report, and wait for the runner's verdict (True: go).
+
+    The agent has the commands' uid, mounts and namespaces, so what it can write a command
+    can, and what it cannot, a command cannot either.
+    """
+    token, marker = str(request["probe"]["token"]), str(request["probe"]["marker"])
+    workspace = str(request["probe"]["workspace"])
+    if not PROBE_MARKER.fullmatch(marker) or not workspace.startswith("/"):
+        raise ValueError("not a probe")
+    errors = []
+    written = False
+    try:
+        fd = os.open(
+            os.path.join(workspace, marker),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+            0o600,
+        )
+        try:
+            written = os.write(fd, token.encode()) == len(token)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        errors.append(f"workspace: {error.strerror}")
+    beside = os.path.join(workspace, "..", marker)
+    made_beside = False
+    try:
+        os.mkdir(beside, 0o700)
+        made_beside = True
+    except OSError:
+        pass  # usually EROFS; the runner made it on the host, which the sandbox must not see
+    try:
+        os.close(os.open(os.path.join(beside, "marker"), os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        made_beside = True
+    except OSError:
+        pass
+    try:
+        read_only_root = bool(os.statvfs("/").f_flag & os.ST_RDONLY)
+    except OSError as error:
+        read_only_root = False
+        errors.append(f"root: {error.strerror}")
+    report = {
+        "written": written,
+        "beside": made_beside,
+        "read_only_root": read_only_root,
+        "errors": errors,
+    }
+    send(connection, {"probe": report})
+    connection.settimeout(GO_SECONDS)
+    try:
+        verdict = receive(connection)
+    finally:
+        connection.settimeout(None)
+    return verdict.get("go") is True
+
+
 def run(request, connection):
     tmpdir = request["tmpdir"]
     try:
@@ -139,11 +225,11 @@ def run(request, connection):
         # What a shell would say and exit with for a command it cannot run.
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"{request['argv'][0]}: {error.strerror}\n".encode()
-        clean_up()
-        return answer_for(code, b"", message, False, False, 0, started)
+        clean = clean_up()
+        return answer_for(code, b"", message, False, False, 0, clean, started)
     outputs, truncated, timed_out = collect(child, connection, request, limit)
     exit_code = 137 if timed_out else child.wait()
-    clean_up()
+    clean = clean_up()
     return answer_for(
         exit_code,
         outputs[child.stdout.fileno()],
@@ -151,6 +237,7 @@ def run(request, connection):
         truncated,
         timed_out,
         oom_kills() - oom_before,
+        clean,
         started,
     )
 
@@ -221,6 +308,8 @@ def kill_all():
 
 
 def clean_up():
+    """Remove what the call left in the container's scratch space and IPC namespace (every
+    other process is dead by now); True if nothing is left."""
     for directory in SCRATCH:
         try:
             entries = list(os.scandir(directory))
@@ -234,6 +323,30 @@ def clean_up():
                     os.unlink(entry.path)
             except OSError:
                 pass
+    return remove_sysv_ipc()
+
+
+def remove_sysv_ipc():
+    """Remove every SysV IPC object of the container; True if none is left afterwards."""
+    for kind in SYSV_IPC:
+        for ipc_id in sysv_ids(kind) or ():
+            if kind == "shm":
+                LIBC.shmctl(ipc_id, IPC_RMID, None)
+            elif kind == "msg":
+                LIBC.msgctl(ipc_id, IPC_RMID, None)
+            else:
+                LIBC.semctl(ipc_id, 0, IPC_RMID)
+    return all(sysv_ids(kind) == [] for kind in SYSV_IPC)
+
+
+def sysv_ids(kind):
+    """The ids of one kind of SysV IPC object in this IPC namespace; None if unreadable."""
+    try:
+        with open(f"/proc/sysvipc/{kind}") as table:
+            rows = table.read().splitlines()[1:]
+        return [int(row.split()[1]) for row in rows if row.strip()]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def oom_kills():
@@ -249,7 +362,7 @@ def oom_kills():
     return 0
 
 
-def answer_for(exit_code, stdout, stderr, truncated, timed_out, oom, started):
+def answer_for(exit_code, stdout, stderr, truncated, timed_out, oom, clean, started):
     return {
         "exit_code": exit_code,
         "stdout": base64.b64encode(stdout).decode(),
@@ -257,6 +370,7 @@ def answer_for(exit_code, stdout, stderr, truncated, timed_out, oom, started):
         "truncated": truncated,
         "timed_out": timed_out,
         "oom_kills": oom,
+        "clean": clean,
         "duration_ms": int((time.monotonic() - started) * 1000),
     }
 

@@ -216,9 +216,9 @@ class SandboxBackend(abc.ABC):
     def run_probed(self, spec: ExecSpec) -> ExecResult:
         """Probe on the spec's workspace, then run it; see ``run_confined``.
 
-        A backend that keeps sandboxes alive between commands overrides this to probe each
-        sandbox once, when it starts (its confinement is fixed at creation and a command
-        inside cannot change it), rather than probing in a throwaway one every time.
+        A backend that keeps sandboxes alive between commands overrides this to probe, right
+        before each command, the very sandbox the command runs in (``runners.sandbox.warm``)
+        rather than a throwaway one.
         """
         probe = self.probe(spec.workspace)
         if not probe.ok:
@@ -226,22 +226,56 @@ class SandboxBackend(abc.ABC):
         return self.run(spec)
 
 
+class ProbeSite:
+    """The host's side of one probe, whoever runs it in the sandbox (a command, or a warm
+    container's agent): a random token the sandbox must write into ``marker`` in the
+    workspace, and an empty directory of that name beside the workspace, made
+    world-writable for the occasion, in which nothing may appear. Use it as a context
+    manager: both are removed afterwards."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = Path(workspace)
+        self.token = secrets.token_hex(16)
+        self.marker = f".kestrel-probe-{self.token}"
+        self.sibling = self.workspace.parent / self.marker
+
+    def __enter__(self) -> ProbeSite:
+        self.sibling.mkdir(mode=0o777)
+        os.chmod(self.sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.workspace / self.marker)
+        shutil.rmtree(self.sibling, ignore_errors=True)
+
+    def result(self, sandbox: str, *, beside_writable: bool = False, note: str) -> ProbeResult:
+        """What the host sees now; ``beside_writable`` adds what the sandbox itself found
+        writable beside the workspace (it can only fail the probe, never pass it)."""
+        try:
+            written = Workspace(self.workspace).read(self.marker, max_bytes=64).data
+        except WorkspaceError:
+            written = b""
+        workspace_writable = written == self.token.encode()
+        sibling_writable = beside_writable or any(self.sibling.iterdir())
+        detail = (
+            f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
+            f"beside it {'WRITABLE' if sibling_writable else 'not writable'} ({note})"
+        )
+        return ProbeResult(sandbox, workspace_writable, sibling_writable, detail)
+
+
 def probe_with(sandbox: str, run: Callable[[ExecSpec], ExecResult], workspace: Path) -> ProbeResult:
     """The probe of ``SandboxBackend.probe``, with ``run`` as the way to run the probe script.
 
-    ``run`` is a backend's ``run`` for a fresh sandbox, or an exec in a sandbox that is
-    already up (``runners.sandbox.warm``); the checks on the host are the same either way.
+    ``run`` is a backend's ``run`` for a fresh sandbox; the checks are on the host
+    (``ProbeSite``). A warm container is probed by its agent instead
+    (``runners.sandbox.warm``), with the same checks.
     """
-    workspace = Path(workspace)
-    token = secrets.token_hex(16)
-    marker = f".kestrel-probe-{token}"
-    sibling = workspace.parent / marker
-    sibling.mkdir(mode=0o777)
-    os.chmod(sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
-    try:
+    with ProbeSite(workspace) as site:
         spec = ExecSpec(
-            argv=("sh", "-c", _PROBE_SCRIPT, "probe", token, marker, f"../{marker}"),
-            workspace=workspace,
+            argv=("sh", "-c", _PROBE_SCRIPT, "probe", site.token, site.marker, f"../{site.marker}"),
+            workspace=site.workspace,
             limits=_PROBE_LIMITS,
             labels={"purpose": "probe"},
         )
@@ -249,22 +283,9 @@ def probe_with(sandbox: str, run: Callable[[ExecSpec], ExecResult], workspace: P
             result = run(spec)
         except SandboxError as error:
             return ProbeResult(sandbox, False, False, f"probe command failed: {error}")
-        try:
-            written = Workspace(workspace).read(marker, max_bytes=64).data
-        except WorkspaceError:
-            written = b""
-        workspace_writable = written == token.encode()
-        sibling_writable = any(sibling.iterdir())
-        detail = (
-            f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
-            f"beside it {'WRITABLE' if sibling_writable else 'not writable'} "
-            f"(probe exit {result.exit_code}: {result.stderr.strip()[:200]})"
+        return site.result(
+            sandbox, note=f"probe exit {result.exit_code}: {result.stderr.strip()[:200]}"
         )
-        return ProbeResult(sandbox, workspace_writable, sibling_writable, detail)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(workspace / marker)
-        shutil.rmtree(sibling, ignore_errors=True)
 
 
 def run_confined(backend: SandboxBackend, spec: ExecSpec) -> ExecResult:

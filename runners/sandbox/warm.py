@@ -1,8 +1,9 @@
 """Warm Docker sandboxes: one long-lived container per thread, its commands run by an agent.
 
 ``WarmDockerBackend`` keeps a thread's container up between calls and runs each command
-through the container's PID 1 agent (``runners.sandbox.agent``) with the same confinement,
-probe and limits as a fresh container. The host-side state shared by worker processes is in
+through the container's PID 1 agent (``runners.sandbox.agent``) with the same confinement
+and limits as a fresh container, probed (RUN-5) through the agent right before each
+command. The host-side state shared by worker processes is in
 ``runners.sandbox.warm_host``; the design and its guarantees are in docs/runners.md
 ("Warm sandboxes").
 """
@@ -33,15 +34,17 @@ from runners.sandbox import agent
 from runners.sandbox.base import (
     SANDBOX_PATH,
     SANDBOX_TMP,
+    SANDBOX_WORKSPACE,
     ExecLimits,
     ExecResult,
     ExecSpec,
     OutputBuffer,
+    ProbeResult,
+    ProbeSite,
     SandboxBackend,
     SandboxError,
     SandboxStartFailed,
     SandboxUnavailable,
-    probe_with,
 )
 from runners.sandbox.docker import _KILL_GRACE_S, LABEL_PREFIX, DockerBackend
 from runners.sandbox.warm_host import (
@@ -81,6 +84,7 @@ AGENT_START_SECONDS = 20.0
 _CONTAINER_LIMITS = ("memory_mb", "cpus", "pids", "tmp_mb")
 _HEADER = struct.Struct(">I")
 _UCRED = struct.Struct("3i")
+_PROBE_REPORT_BOUND = 16 * 1024
 
 log = logging.getLogger("kestrel.runner")
 
@@ -106,6 +110,8 @@ class WarmSandbox:
     calls: int = 0
     # The container's lock, while this process uses the container (see _call).
     lock_fd: int | None = None
+    # False once a call left something the agent could not remove: dropped at check-in.
+    reusable: bool = True
 
     def fits(self, spec: ExecSpec) -> bool:
         return (
@@ -173,6 +179,13 @@ class WarmDockerBackend(SandboxBackend):
                 # Another worker process removed the idle container to make room for its
                 # own; the command never started there. Once more, in a new one.
                 return self._run_warm(key, spec)
+            except _ProbeFailed as error:
+                # A container that passed its probe before fails it now (its workspace was
+                # replaced under it, its mounts were changed from the host...). It is gone,
+                # its command never started; once more in a new container, probed afresh.
+                # A second failure is the call's: SandboxUnavailable.
+                log.warning("a warm container failed its probe and was removed: %s", error)
+                return self._run_warm(key, spec)
         except _ThreadEnded:
             # A call of the thread that was queued before it ended: it runs (the control
             # plane decided it), but in a fresh container, since nothing of the thread may
@@ -187,8 +200,9 @@ class WarmDockerBackend(SandboxBackend):
         keep = False
         try:
             result = self._call(sandbox, spec)
-            # A timed-out or OOM-killed call leaves a container in an unknown state.
-            keep = not (result.timed_out or result.oom_killed)
+            # A timed-out or OOM-killed call leaves a container in an unknown state, and one
+            # whose call left what the agent could not remove is no longer clean.
+            keep = sandbox.reusable and not (result.timed_out or result.oom_killed)
             return result
         except _Busy:
             keep = True  # another process's call of this thread; this one runs fresh
@@ -385,12 +399,21 @@ class WarmDockerBackend(SandboxBackend):
                     raise _ThreadEnded from None  # removed by a thread end before it started
                 raise SandboxStartFailed(f"docker: cannot start the container: {error}") from None
             sandbox.agent_pid = self._await_agent(sandbox)
-            probe = probe_with(
-                self.name, lambda probe_spec: self._call(sandbox, probe_spec), spec.workspace
-            )
-            if not probe.ok:
-                raise SandboxUnavailable(f"{self.name} sandbox failed its probe: {probe.detail}")
+            # Probed before it is published, as before every command (see _connect), under
+            # its lock like a call: another process making room leaves it alone meanwhile.
+            sandbox.lock_fd = lock_container(sandbox.agent_dir)
+            try:
+                if sandbox.lock_fd is None:
+                    raise _Gone  # another process is removing it
+                self._connect(sandbox, spec.workspace, {"key": sandbox.key}).close()
+            finally:
+                if sandbox.lock_fd is not None and sandbox.lock_fd >= 0:
+                    os.close(sandbox.lock_fd)
+                sandbox.lock_fd = None
             write_atomically(sandbox.agent_dir / "sandbox.json", json.dumps(sandbox.shared()))
+        except _ProbeFailed as error:
+            remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
+            raise SandboxUnavailable(str(error)) from None  # a new container: not retried
         except BaseException:
             # Never published, so nobody else uses it: removed whoever holds its lock.
             remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
@@ -531,6 +554,8 @@ class WarmDockerBackend(SandboxBackend):
             raise SandboxError(
                 "docker: the warm container's agent gave a malformed answer"
             ) from None
+        if answer.get("clean") is not True:
+            sandbox.reusable = False
         sandbox.calls += 1
         return ExecResult(
             exit_code=exit_code,
@@ -560,34 +585,10 @@ class WarmDockerBackend(SandboxBackend):
         }
         # Both streams at their cap, base64-encoded, and the JSON around them.
         bound = 2 * (spec.limits.output_kb * 1024 * 4 // 3 + 4) + 4096
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with connection:
-            try:
-                connection.settimeout(_KILL_GRACE_S)
-                connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
-                peer = _UCRED.unpack(
-                    connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-                )[0]
-                if peer != sandbox.agent_pid:
-                    raise ConnectionRefusedError(f"answered by pid {peer}, not the container's")
-                body = json.dumps(request).encode()
-                connection.sendall(_HEADER.pack(len(body)) + body)
-            except OSError as error:
-                gone = not sandbox.agent_dir.exists()  # before the discard removes it
-                self._discard(sandbox)
-                if self._ended((sandbox.project, sandbox.thread)):
-                    raise _ThreadEnded from None  # removed by a thread end; nothing ran
-                if gone:
-                    raise _Gone from None  # removed to make room; nothing ran
-                raise SandboxStartFailed(
-                    f"docker: cannot reach the warm container's agent: {error}"
-                ) from None
+        with self._connect(sandbox, spec.workspace, request) as connection:
             connection.settimeout(self._deadline(spec))
             try:
-                size = _HEADER.unpack(_read_exactly(connection, _HEADER.size))[0]
-                if size > bound:
-                    raise ValueError(f"an answer of {size} bytes")
-                return json.loads(_read_exactly(connection, size))
+                return _read_message(connection, bound)
             except TimeoutError:
                 self._discard(sandbox)
                 return None
@@ -595,6 +596,89 @@ class WarmDockerBackend(SandboxBackend):
                 # The agent died mid-call (its container was killed, or ran out of memory).
                 self._discard(sandbox)
                 raise SandboxError(f"docker: lost the warm container mid-call: {error}") from None
+
+    def _connect(
+        self, sandbox: WarmSandbox, workspace: Path, request: dict[str, Any]
+    ) -> socket.socket:
+        """A connection to the agent that sent ``request`` and saw the container pass its
+        probe (RUN-5); the command, if the request has one, is running now.
+
+        The agent probes first: it writes the probe's token into the workspace and tries to
+        write beside it, with the commands' own uid, mounts and namespaces, and reports what
+        it saw. The runner checks both on the host (``ProbeSite``), removes the probe's
+        traces and only then tells the agent to go. A container that fails is removed and
+        ``_ProbeFailed`` raised; nothing ran in it. This costs one more exchange on the
+        socket, no process: cheap enough for every command.
+        """
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.settimeout(_KILL_GRACE_S)
+            with ProbeSite(workspace) as site:
+                probe_request = {
+                    "token": site.token,
+                    "marker": site.marker,
+                    "workspace": SANDBOX_WORKSPACE,
+                }
+                probed = dict(request, probe=probe_request)
+                self._send_request(sandbox, connection, probed)
+                probe = self._probe_result(sandbox, connection, site)
+            try:
+                _send_message(connection, {"go": probe.ok})
+            except OSError as error:
+                self._discard(sandbox)
+                raise SandboxStartFailed(
+                    f"docker: lost the warm container's agent before the command: {error}"
+                ) from None
+            if not probe.ok:
+                self._discard(sandbox)
+                raise _ProbeFailed(f"{self.name} sandbox failed its probe: {probe.detail}")
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _send_request(
+        self, sandbox: WarmSandbox, connection: socket.socket, request: dict[str, Any]
+    ) -> None:
+        try:
+            connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
+            peer = _UCRED.unpack(
+                connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            )[0]
+            if peer != sandbox.agent_pid:
+                raise ConnectionRefusedError(f"answered by pid {peer}, not the container's")
+            _send_message(connection, request)
+        except OSError as error:
+            gone = not sandbox.agent_dir.exists()  # before the discard removes it
+            self._discard(sandbox)
+            if self._ended((sandbox.project, sandbox.thread)):
+                raise _ThreadEnded from None  # removed by a thread end; nothing ran
+            if gone:
+                raise _Gone from None  # removed to make room; nothing ran
+            raise SandboxStartFailed(
+                f"docker: cannot reach the warm container's agent: {error}"
+            ) from None
+
+    def _probe_result(
+        self, sandbox: WarmSandbox, connection: socket.socket, site: ProbeSite
+    ) -> ProbeResult:
+        """What the agent reported of its probe, checked on the host."""
+        try:
+            report = _read_message(connection, _PROBE_REPORT_BOUND)["probe"]
+            beside = report["beside"] is not False
+            read_only_root = report["read_only_root"] is True
+            errors = "; ".join(str(error) for error in report["errors"])[:200]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            self._discard(sandbox)
+            raise SandboxStartFailed(
+                f"docker: the warm container's agent gave no probe report: {error}"
+            ) from None
+        note = f"root file system {'read-only' if read_only_root else 'WRITABLE'}"
+        if beside:
+            note += ", the agent wrote beside the workspace"
+        if errors:
+            note += f": {errors}"
+        return site.result(self.name, beside_writable=beside or not read_only_root, note=note)
 
     def _discard(self, sandbox: WarmSandbox) -> None:
         with self._lock:
@@ -625,6 +709,10 @@ class _Gone(SandboxStartFailed):
         super().__init__("docker: the warm container was removed by another worker process")
 
 
+class _ProbeFailed(SandboxUnavailable):
+    """The container failed its probe before a command; it was removed, nothing ran."""
+
+
 class _ThreadEnded(Exception):
     """The thread ended before this call's command started in its warm container."""
 
@@ -638,6 +726,18 @@ def _thread_key(spec: ExecSpec) -> tuple[str, str] | None:
 
 def _safe(value: str) -> str:
     return "".join(c for c in value if c.isalnum() or c in "_-")[:64] or "call"
+
+
+def _send_message(connection: socket.socket, message: dict[str, Any]) -> None:
+    body = json.dumps(message).encode()
+    connection.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _read_message(connection: socket.socket, bound: int) -> Any:
+    size = _HEADER.unpack(_read_exactly(connection, _HEADER.size))[0]
+    if size > bound:
+        raise ValueError(f"an answer of {size} bytes")
+    return json.loads(_read_exactly(connection, size))
 
 
 def _read_exactly(connection: socket.socket, size: int) -> bytes:
