@@ -90,8 +90,8 @@ def main(path):
     key = os.environ.pop(KEY_VARIABLE).encode()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".new")
-    os.rename(path + ".new", path)  # the runner waits for this name: it appears listening
     server.listen(4)
+    os.rename(path + ".new", path)  # the runner waits for this name: it appears listening
     while True:
         connection, _ = server.accept()
         with connection:
