@@ -16,17 +16,18 @@ The runner sends the request::
      "tmpdir": "/tmp/kestrel-...", "timeout_s": 30.0, "output_limit": 65536}
 
 The agent first probes (RUN-5, before every command): it writes the token into the
-workspace, tries to create the marker beside the workspace, and checks that the root
-filesystem is mounted read-only. It reports ``{"probe": {"written": ..., "beside": ...,
-"read_only_root": ..., "errors": [...]}}`` and waits for ``{"go": true}``: the runner
-checks the workspace and the directory beside it on the host, and only then lets the
-command start. Anything but ``go`` (or a request without ``argv``: the probe of a new
-container) ends the connection with nothing run. After the command the agent sends one
-answer: ``exit_code``, ``stdout``/``stderr`` (base64, at most ``output_limit`` bytes
-each), ``truncated``, ``timed_out``, ``oom_kills`` (how many processes the memory cgroup
-killed during the call), ``clean`` (whether everything the call left was removed; see
-below) and ``duration_ms``; or ``{"error": "..."}`` when the command could not be started
-at all.
+workspace, tries to create the marker beside the workspace, checks that the root
+filesystem is mounted read-only and says which directory is the workspace's parent. It
+reports ``{"probe": {"written": ..., "beside": ..., "read_only_root": ..., "parent":
+[st_dev, st_ino], "errors": [...]}}`` and waits for ``{"go": true}``: the runner checks
+the workspace (and the parent: never the host's directory of workspaces) on the host, and
+only then lets the command start. Anything but ``go`` (or a request without ``argv``: the
+probe of a new container) ends the connection with nothing run. After the command the
+agent sends one answer: ``exit_code``, ``stdout``/``stderr`` (base64, at most
+``output_limit`` bytes each), ``truncated``, ``timed_out``, ``oom_kills`` (how many
+processes the memory cgroup killed during the call), ``clean`` (whether everything the
+call left was removed; see below) and ``duration_ms``; or ``{"error": "..."}`` when the
+command could not be started at all.
 
 What the agent guarantees:
 - It answers only the runner. The peer must be outside the container (the runner's process
@@ -182,13 +183,16 @@ def probe(request, connection):
         pass
     try:
         read_only_root = bool(os.statvfs("/").f_flag & os.ST_RDONLY)
+        parent = os.stat(os.path.join(workspace, ".."))
+        parent_id = [parent.st_dev, parent.st_ino]
     except OSError as error:
-        read_only_root = False
+        read_only_root, parent_id = False, None
         errors.append(f"root: {error.strerror}")
     report = {
         "written": written,
         "beside": made_beside,
         "read_only_root": read_only_root,
+        "parent": parent_id,
         "errors": errors,
     }
     send(connection, {"probe": report})

@@ -231,23 +231,31 @@ class ProbeSite:
     container's agent): a random token the sandbox must write into ``marker`` in the
     workspace, and an empty directory of that name beside the workspace, made
     world-writable for the occasion, in which nothing may appear. Use it as a context
-    manager: both are removed afterwards."""
+    manager: both are removed afterwards.
 
-    def __init__(self, workspace: Path) -> None:
+    ``open_sibling=False`` leaves the directory out (making and removing one costs more
+    than the rest of a warm call on some disks); the sandbox must then say what it sees
+    beside the workspace (``beside_writable``), as a warm container's agent does.
+    """
+
+    def __init__(self, workspace: Path, *, open_sibling: bool = True) -> None:
         self.workspace = Path(workspace)
         self.token = secrets.token_hex(16)
         self.marker = f".kestrel-probe-{self.token}"
         self.sibling = self.workspace.parent / self.marker
+        self.open_sibling = open_sibling
 
     def __enter__(self) -> ProbeSite:
-        self.sibling.mkdir(mode=0o777)
-        os.chmod(self.sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
+        if self.open_sibling:
+            self.sibling.mkdir(mode=0o777)
+            os.chmod(self.sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.workspace / self.marker)
-        shutil.rmtree(self.sibling, ignore_errors=True)
+        if self.open_sibling:
+            shutil.rmtree(self.sibling, ignore_errors=True)
 
     def result(self, sandbox: str, *, beside_writable: bool = False, note: str) -> ProbeResult:
         """What the host sees now; ``beside_writable`` adds what the sandbox itself found
@@ -257,7 +265,7 @@ class ProbeSite:
         except WorkspaceError:
             written = b""
         workspace_writable = written == self.token.encode()
-        sibling_writable = beside_writable or any(self.sibling.iterdir())
+        sibling_writable = beside_writable or (self.open_sibling and any(self.sibling.iterdir()))
         detail = (
             f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
             f"beside it {'WRITABLE' if sibling_writable else 'not writable'} ({note})"

@@ -399,13 +399,15 @@ class WarmDockerBackend(SandboxBackend):
                     raise _ThreadEnded from None  # removed by a thread end before it started
                 raise SandboxStartFailed(f"docker: cannot start the container: {error}") from None
             sandbox.agent_pid = self._await_agent(sandbox)
-            # Probed before it is published, as before every command (see _connect), under
-            # its lock like a call: another process making room leaves it alone meanwhile.
+            # Probed before it is published, as before every command (see _connect), and
+            # with the world-writable directory beside the workspace, as a fresh container
+            # is; under its lock like a call: another process making room leaves it alone.
             sandbox.lock_fd = lock_container(sandbox.agent_dir)
             try:
                 if sandbox.lock_fd is None:
                     raise _Gone  # another process is removing it
-                self._connect(sandbox, spec.workspace, {"key": sandbox.key}).close()
+                request = {"key": sandbox.key}
+                self._connect(sandbox, spec.workspace, request, open_sibling=True).close()
             finally:
                 if sandbox.lock_fd is not None and sandbox.lock_fd >= 0:
                     os.close(sandbox.lock_fd)
@@ -598,22 +600,31 @@ class WarmDockerBackend(SandboxBackend):
                 raise SandboxError(f"docker: lost the warm container mid-call: {error}") from None
 
     def _connect(
-        self, sandbox: WarmSandbox, workspace: Path, request: dict[str, Any]
+        self,
+        sandbox: WarmSandbox,
+        workspace: Path,
+        request: dict[str, Any],
+        *,
+        open_sibling: bool = False,
     ) -> socket.socket:
         """A connection to the agent that sent ``request`` and saw the container pass its
         probe (RUN-5); the command, if the request has one, is running now.
 
-        The agent probes first: it writes the probe's token into the workspace and tries to
-        write beside it, with the commands' own uid, mounts and namespaces, and reports what
-        it saw. The runner checks both on the host (``ProbeSite``), removes the probe's
-        traces and only then tells the agent to go. A container that fails is removed and
+        The agent probes first, with the commands' own uid, mounts and namespaces: it writes
+        the probe's token into the workspace, tries to write beside it, reads the root's
+        mount flags and which directory the workspace's parent is, and reports. The runner
+        checks on the host (``ProbeSite``) that the token is in the workspace as the host
+        sees it now, that the root is read-only, that nothing was written beside and that
+        the parent is not the host's directory of workspaces; it removes the probe's traces
+        and only then tells the agent to go. A container that fails is removed and
         ``_ProbeFailed`` raised; nothing ran in it. This costs one more exchange on the
-        socket, no process: cheap enough for every command.
+        socket and no process: cheap enough for every command. ``open_sibling`` also makes
+        the world-writable directory beside the workspace (the start's probe).
         """
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             connection.settimeout(_KILL_GRACE_S)
-            with ProbeSite(workspace) as site:
+            with ProbeSite(workspace, open_sibling=open_sibling) as site:
                 probe_request = {
                     "token": site.token,
                     "marker": site.marker,
@@ -667,18 +678,24 @@ class WarmDockerBackend(SandboxBackend):
             report = _read_message(connection, _PROBE_REPORT_BOUND)["probe"]
             beside = report["beside"] is not False
             read_only_root = report["read_only_root"] is True
+            parent = report["parent"]
             errors = "; ".join(str(error) for error in report["errors"])[:200]
         except (OSError, ValueError, KeyError, TypeError) as error:
             self._discard(sandbox)
             raise SandboxStartFailed(
                 f"docker: the warm container's agent gave no probe report: {error}"
             ) from None
+        host_parent = os.stat(site.workspace.parent)
+        sees_host_parent = parent == [host_parent.st_dev, host_parent.st_ino]
         note = f"root file system {'read-only' if read_only_root else 'WRITABLE'}"
         if beside:
             note += ", the agent wrote beside the workspace"
+        if sees_host_parent:
+            note += ", the workspace's parent is the host's"
         if errors:
             note += f": {errors}"
-        return site.result(self.name, beside_writable=beside or not read_only_root, note=note)
+        beside_writable = beside or not read_only_root or sees_host_parent
+        return site.result(self.name, beside_writable=beside_writable, note=note)
 
     def _discard(self, sandbox: WarmSandbox) -> None:
         with self._lock:
