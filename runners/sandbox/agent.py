@@ -11,23 +11,24 @@ connection per command. Every message is a 4-byte big-endian length and a JSON d
 The runner sends the request::
 
     {"key": "...", "probe": {"token": "...", "marker": ".kestrel-probe-...",
-                             "workspace": "/workspace"},
+                             "workspace": "/workspace", "parent": [st_dev, st_ino]},
      "argv": [...], "env": {...}, "cwd": "/workspace",
      "tmpdir": "/tmp/kestrel-...", "timeout_s": 30.0, "output_limit": 65536}
 
-The agent first probes (RUN-5, before every command): it writes the token into the
-workspace, tries to create the marker beside the workspace, checks that the root
-filesystem is mounted read-only and says which directory is the workspace's parent. It
-reports ``{"probe": {"written": ..., "beside": ..., "read_only_root": ..., "parent":
-[st_dev, st_ino], "errors": [...]}}`` and waits for ``{"go": true}``: the runner checks
-the workspace (and the parent: never the host's directory of workspaces) on the host, and
-only then lets the command start. Anything but ``go`` (or a request without ``argv``: the
-probe of a new container) ends the connection with nothing run. After the command the
-agent sends one answer: ``exit_code``, ``stdout``/``stderr`` (base64, at most
-``output_limit`` bytes each), ``truncated``, ``timed_out``, ``oom_kills`` (how many
-processes the memory cgroup killed during the call), ``clean`` (whether everything the
-call left was removed; see below) and ``duration_ms``; or ``{"error": "..."}`` when the
-command could not be started at all.
+The agent first probes (RUN-5, before every command), with the commands' own uid, mounts
+and namespaces, against what the runner saw on the host just before: the file ``marker``
+the runner wrote in the workspace must hold ``token`` and the agent must be able to remove
+it (so ``/workspace`` is the workspace as the host sees it now, and writable); creating
+``marker`` beside the workspace must fail; the root filesystem must be mounted
+read-only; and the workspace's parent must not be ``parent`` (the host's directory of
+workspaces, by device and inode). If any of that fails the agent answers
+``{"probe_failed": {"workspace": [...], "beside": [...]}}`` and runs nothing; a request
+without ``argv`` (the probe of a new container) is answered ``{"probe_passed": true}``.
+Otherwise, after the command, the agent sends one answer: ``exit_code``,
+``stdout``/``stderr`` (base64, at most ``output_limit`` bytes each), ``truncated``,
+``timed_out``, ``oom_kills`` (how many processes the memory cgroup killed during the
+call) and ``duration_ms``; or ``{"error": "..."}`` when the command could not be started
+at all. One request, one answer: the probe adds no exchange.
 
 What the agent guarantees:
 - It answers only the runner. The peer must be outside the container (the runner's process
@@ -43,9 +44,10 @@ What the agent guarantees:
   drops, the agent sends SIGKILL to every other process in the container (``kill(-1)``),
   reaps them, empties /tmp, /dev/shm and /dev/mqueue, and removes every SysV shared memory
   segment, message queue and semaphore set of the container's IPC namespace. The
-  commands run as the agent's uid, so it may remove whatever they made; if anything is
-  left (or cannot be listed), the answer says ``clean: false`` and the runner drops the
-  container.
+  commands run as the agent's uid, so it may remove whatever they made. This happens
+  after the answer is sent and before the next connection is taken; if anything is left
+  (or cannot be listed), the next request's probe fails (``probe_failed`` with ``left``),
+  nothing runs, and the runner drops the container.
 """
 
 import base64
@@ -77,8 +79,6 @@ SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")  # noqa: S108 - the container's ow
 SYSV_IPC = ("shm", "msg", "sem")
 IPC_RMID = 0
 PROBE_MARKER = re.compile(r"\.kestrel-probe-[0-9a-f]{32}")
-# How long the runner may take to check the probe on the host and say go.
-GO_SECONDS = 30
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -93,6 +93,7 @@ def main(path):
     server.bind(path + ".new")
     server.listen(4)
     os.rename(path + ".new", path)  # the runner waits for this name: it appears listening
+    left = []  # what an earlier call left that could not be removed: nothing runs any more
     while True:
         connection, _ = server.accept()
         with connection:
@@ -105,16 +106,24 @@ def main(path):
             if not hmac.compare_digest(str(request.get("key", "")).encode(), key):
                 continue
             try:
-                go = probe(request, connection)
-            except (OSError, ValueError, KeyError, TypeError):
-                go = False
-            if not go or "argv" not in request:
-                continue
-            answer = run(request, connection)
+                failed = probe(request["probe"])
+            except (ValueError, KeyError, TypeError):
+                failed = {"workspace": ["the request has no probe"], "beside": []}
+            if left:
+                failed = dict(failed or {"workspace": [], "beside": []}, left=left)
+            if failed:
+                answer = {"probe_failed": failed}
+            elif "argv" not in request:
+                answer = {"probe_passed": True}
+            else:
+                answer = run(request, connection)
             try:
                 send(connection, answer)
             except OSError:
                 pass
+            if "exit_code" in answer:
+                # After the answer, so the runner need not wait; before the next request.
+                left = clean_up()
 
 
 def peer_pid(connection):
@@ -144,64 +153,47 @@ def send(connection, answer):
     connection.sendall(HEADER.pack(len(body)) + body)
 
 
-def probe(request, connection):
-    """RUN-5 before the command: write the token in the workspace, try to write beside it,
-    look at the root's mount flags, report, and wait for the runner's verdict (True: go).
+def probe(site):
+    """RUN-5 before the command (see the module's docstring): what failed, if anything, in
+    the workspace and beside it.
 
     The agent has the commands' uid, mounts and namespaces, so what it can write a command
     can, and what it cannot, a command cannot either.
     """
-    token, marker = str(request["probe"]["token"]), str(request["probe"]["marker"])
-    workspace = str(request["probe"]["workspace"])
+    token, marker, workspace = str(site["token"]), str(site["marker"]), str(site["workspace"])
+    host_parent = [int(value) for value in site["parent"]]
     if not PROBE_MARKER.fullmatch(marker) or not workspace.startswith("/"):
         raise ValueError("not a probe")
-    errors = []
-    written = False
+    failed = {"workspace": [], "beside": []}
+    planted = os.path.join(workspace, marker)
     try:
-        fd = os.open(
-            os.path.join(workspace, marker),
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-            0o600,
-        )
-        try:
-            written = os.write(fd, token.encode()) == len(token)
-        finally:
-            os.close(fd)
+        fd = os.open(planted, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as seen:
+            if seen.read(64) != token.encode():
+                failed["workspace"].append("it is not the runner's")
+        os.unlink(planted)
     except OSError as error:
-        errors.append(f"workspace: {error.strerror}")
+        failed["workspace"].append(error.strerror)
     beside = os.path.join(workspace, "..", marker)
-    made_beside = False
     try:
         os.mkdir(beside, 0o700)
-        made_beside = True
+        failed["beside"].append("made a directory")
     except OSError:
-        pass  # usually EROFS; the runner made it on the host, which the sandbox must not see
+        pass  # EROFS, as it should be (or EEXIST: the runner's own, if it made one)
     try:
         os.close(os.open(os.path.join(beside, "marker"), os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-        made_beside = True
+        failed["beside"].append("wrote a file")
     except OSError:
         pass
     try:
-        read_only_root = bool(os.statvfs("/").f_flag & os.ST_RDONLY)
+        if not os.statvfs("/").f_flag & os.ST_RDONLY:
+            failed["beside"].append("the root file system is writable")
         parent = os.stat(os.path.join(workspace, ".."))
-        parent_id = [parent.st_dev, parent.st_ino]
+        if [parent.st_dev, parent.st_ino] == host_parent:
+            failed["beside"].append("the workspace's parent is the host's")
     except OSError as error:
-        read_only_root, parent_id = False, None
-        errors.append(f"root: {error.strerror}")
-    report = {
-        "written": written,
-        "beside": made_beside,
-        "read_only_root": read_only_root,
-        "parent": parent_id,
-        "errors": errors,
-    }
-    send(connection, {"probe": report})
-    connection.settimeout(GO_SECONDS)
-    try:
-        verdict = receive(connection)
-    finally:
-        connection.settimeout(None)
-    return verdict.get("go") is True
+        failed["beside"].append(error.strerror)
+    return failed if failed["workspace"] or failed["beside"] else None
 
 
 def run(request, connection):
@@ -229,11 +221,9 @@ def run(request, connection):
         # What a shell would say and exit with for a command it cannot run.
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"{request['argv'][0]}: {error.strerror}\n".encode()
-        clean = clean_up()
-        return answer_for(code, b"", message, False, False, 0, clean, started)
+        return answer_for(code, b"", message, False, False, 0, started)
     outputs, truncated, timed_out = collect(child, connection, request, limit)
     exit_code = 137 if timed_out else child.wait()
-    clean = clean_up()
     return answer_for(
         exit_code,
         outputs[child.stdout.fileno()],
@@ -241,7 +231,6 @@ def run(request, connection):
         truncated,
         timed_out,
         oom_kills() - oom_before,
-        clean,
         started,
     )
 
@@ -313,7 +302,7 @@ def kill_all():
 
 def clean_up():
     """Remove what the call left in the container's scratch space and IPC namespace (every
-    other process is dead by now); True if nothing is left."""
+    other process is dead by now); what could not be removed."""
     for directory in SCRATCH:
         try:
             entries = list(os.scandir(directory))
@@ -327,7 +316,7 @@ def clean_up():
                     os.unlink(entry.path)
             except OSError:
                 pass
-    return remove_sysv_ipc()
+    return [] if remove_sysv_ipc() else ["SysV IPC objects"]
 
 
 def remove_sysv_ipc():
@@ -366,7 +355,7 @@ def oom_kills():
     return 0
 
 
-def answer_for(exit_code, stdout, stderr, truncated, timed_out, oom, clean, started):
+def answer_for(exit_code, stdout, stderr, truncated, timed_out, oom, started):
     return {
         "exit_code": exit_code,
         "stdout": base64.b64encode(stdout).decode(),
@@ -374,7 +363,6 @@ def answer_for(exit_code, stdout, stderr, truncated, timed_out, oom, clean, star
         "truncated": truncated,
         "timed_out": timed_out,
         "oom_kills": oom,
-        "clean": clean,
         "duration_ms": int((time.monotonic() - started) * 1000),
     }
 

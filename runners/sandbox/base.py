@@ -234,8 +234,8 @@ class ProbeSite:
     manager: both are removed afterwards.
 
     ``open_sibling=False`` leaves the directory out (making and removing one costs more
-    than the rest of a warm call on some disks); the sandbox must then say what it sees
-    beside the workspace (``beside_writable``), as a warm container's agent does.
+    than the rest of a warm call on some disks); the sandbox must then check beside the
+    workspace itself, as a warm container's agent does (``plant``).
     """
 
     def __init__(self, workspace: Path, *, open_sibling: bool = True) -> None:
@@ -257,14 +257,49 @@ class ProbeSite:
         if self.open_sibling:
             shutil.rmtree(self.sibling, ignore_errors=True)
 
-    def result(self, sandbox: str, *, beside_writable: bool = False, note: str) -> ProbeResult:
-        """What the host sees now; ``beside_writable`` adds what the sandbox itself found
-        writable beside the workspace (it can only fail the probe, never pass it)."""
+    def result(self, sandbox: str, *, note: str) -> ProbeResult:
+        """What the host sees after a probe that wrote the token into the marker."""
         try:
             written = Workspace(self.workspace).read(self.marker, max_bytes=64).data
         except WorkspaceError:
             written = b""
-        workspace_writable = written == self.token.encode()
+        return self._result(sandbox, written == self.token.encode(), False, note)
+
+    def plant(self) -> None:
+        """Write the token into the marker, for a sandbox that checks it there and removes
+        it before its command (a warm container's agent): see ``planted_result``."""
+        directory = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(self.marker, flags, 0o644, dir_fd=directory)
+            try:
+                os.write(fd, self.token.encode())
+            finally:
+                os.close(fd)
+        finally:
+            os.close(directory)
+
+    def planted_result(
+        self, sandbox: str, failed: Mapping[str, Sequence[str]] | None = None
+    ) -> ProbeResult:
+        """After a sandbox checked the planted token: it must have found it and removed it,
+        and nothing may be wrong beside the workspace, by its word (``failed``: what it
+        found wrong in the workspace and beside it) and by the host's."""
+        failed = failed or {}
+        in_workspace = [str(reason) for reason in failed.get("workspace", ())]
+        beside = [str(reason) for reason in failed.get("beside", ())]
+        if os.path.lexists(self.workspace / self.marker):
+            in_workspace.append("the token was not taken from it")
+        note = "; ".join(
+            f"{where}: {', '.join(reasons)}"
+            for where, reasons in (("workspace", in_workspace), ("beside it", beside))
+            if reasons
+        )
+        return self._result(sandbox, not in_workspace, bool(beside), note[:300] or "ok")
+
+    def _result(
+        self, sandbox: str, workspace_writable: bool, beside_writable: bool, note: str
+    ) -> ProbeResult:
         sibling_writable = beside_writable or (self.open_sibling and any(self.sibling.iterdir()))
         detail = (
             f"workspace {'writable' if workspace_writable else 'NOT writable'}, "

@@ -39,7 +39,6 @@ from runners.sandbox.base import (
     ExecResult,
     ExecSpec,
     OutputBuffer,
-    ProbeResult,
     ProbeSite,
     SandboxBackend,
     SandboxError,
@@ -84,7 +83,7 @@ AGENT_START_SECONDS = 20.0
 _CONTAINER_LIMITS = ("memory_mb", "cpus", "pids", "tmp_mb")
 _HEADER = struct.Struct(">I")
 _UCRED = struct.Struct("3i")
-_PROBE_REPORT_BOUND = 16 * 1024
+_PROBE_REPORT_BOUND = 16 * 1024  # a probe's answer, when it has no command's
 
 log = logging.getLogger("kestrel.runner")
 
@@ -110,8 +109,6 @@ class WarmSandbox:
     calls: int = 0
     # The container's lock, while this process uses the container (see _call).
     lock_fd: int | None = None
-    # False once a call left something the agent could not remove: dropped at check-in.
-    reusable: bool = True
 
     def fits(self, spec: ExecSpec) -> bool:
         return (
@@ -200,9 +197,8 @@ class WarmDockerBackend(SandboxBackend):
         keep = False
         try:
             result = self._call(sandbox, spec)
-            # A timed-out or OOM-killed call leaves a container in an unknown state, and one
-            # whose call left what the agent could not remove is no longer clean.
-            keep = sandbox.reusable and not (result.timed_out or result.oom_killed)
+            # A timed-out or OOM-killed call leaves a container in an unknown state.
+            keep = not (result.timed_out or result.oom_killed)
             return result
         except _Busy:
             keep = True  # another process's call of this thread; this one runs fresh
@@ -399,15 +395,21 @@ class WarmDockerBackend(SandboxBackend):
                     raise _ThreadEnded from None  # removed by a thread end before it started
                 raise SandboxStartFailed(f"docker: cannot start the container: {error}") from None
             sandbox.agent_pid = self._await_agent(sandbox)
-            # Probed before it is published, as before every command (see _connect), and
+            # Probed before it is published, as before every command (see _exchange), and
             # with the world-writable directory beside the workspace, as a fresh container
             # is; under its lock like a call: another process making room leaves it alone.
             sandbox.lock_fd = lock_container(sandbox.agent_dir)
             try:
                 if sandbox.lock_fd is None:
                     raise _Gone  # another process is removing it
-                request = {"key": sandbox.key}
-                self._connect(sandbox, spec.workspace, request, open_sibling=True).close()
+                self._exchange(
+                    sandbox,
+                    spec.workspace,
+                    {"key": sandbox.key},
+                    _PROBE_REPORT_BOUND,
+                    _KILL_GRACE_S,
+                    open_sibling=True,
+                )
             finally:
                 if sandbox.lock_fd is not None and sandbox.lock_fd >= 0:
                     os.close(sandbox.lock_fd)
@@ -556,8 +558,6 @@ class WarmDockerBackend(SandboxBackend):
             raise SandboxError(
                 "docker: the warm container's agent gave a malformed answer"
             ) from None
-        if answer.get("clean") is not True:
-            sandbox.reusable = False
         sandbox.calls += 1
         return ExecResult(
             exit_code=exit_code,
@@ -587,66 +587,72 @@ class WarmDockerBackend(SandboxBackend):
         }
         # Both streams at their cap, base64-encoded, and the JSON around them.
         bound = 2 * (spec.limits.output_kb * 1024 * 4 // 3 + 4) + 4096
-        with self._connect(sandbox, spec.workspace, request) as connection:
-            connection.settimeout(self._deadline(spec))
-            try:
-                return _read_message(connection, bound)
-            except TimeoutError:
-                self._discard(sandbox)
-                return None
-            except (OSError, ValueError) as error:
-                # The agent died mid-call (its container was killed, or ran out of memory).
-                self._discard(sandbox)
-                raise SandboxError(f"docker: lost the warm container mid-call: {error}") from None
+        return self._exchange(sandbox, spec.workspace, request, bound, self._deadline(spec))
 
-    def _connect(
+    def _exchange(
         self,
         sandbox: WarmSandbox,
         workspace: Path,
         request: dict[str, Any],
+        bound: int,
+        deadline: float,
         *,
         open_sibling: bool = False,
-    ) -> socket.socket:
-        """A connection to the agent that sent ``request`` and saw the container pass its
-        probe (RUN-5); the command, if the request has one, is running now.
+    ) -> dict[str, Any] | None:
+        """Send ``request`` with its probe (RUN-5) and read the agent's one answer; None if
+        it never came. A container that fails the probe is removed and ``_ProbeFailed``
+        raised; nothing ran in it.
 
-        The agent probes first, with the commands' own uid, mounts and namespaces: it writes
-        the probe's token into the workspace, tries to write beside it, reads the root's
-        mount flags and which directory the workspace's parent is, and reports. The runner
-        checks on the host (``ProbeSite``) that the token is in the workspace as the host
-        sees it now, that the root is read-only, that nothing was written beside and that
-        the parent is not the host's directory of workspaces; it removes the probe's traces
-        and only then tells the agent to go. A container that fails is removed and
-        ``_ProbeFailed`` raised; nothing ran in it. This costs one more exchange on the
-        socket and no process: cheap enough for every command. ``open_sibling`` also makes
-        the world-writable directory beside the workspace (the start's probe).
+        The runner plants a random token in the workspace as the host sees it now and sends
+        the host's identity of the workspace's parent; before the command, the agent (with
+        the commands' own uid, mounts and namespaces) must find the token in /workspace and
+        remove it, must fail to write beside the workspace, must see a read-only root and a
+        parent that is not the host's directory of workspaces (``runners.sandbox.agent``).
+        That costs no exchange and no process: cheap enough for every command.
+        ``open_sibling`` adds the world-writable directory beside the workspace that the
+        host then finds empty (the start's probe, as a fresh container's).
         """
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            connection.settimeout(_KILL_GRACE_S)
-            with ProbeSite(workspace, open_sibling=open_sibling) as site:
-                probe_request = {
+        with ProbeSite(workspace, open_sibling=open_sibling) as site:
+            site.plant()
+            parent = os.stat(site.workspace.parent)
+            request = dict(
+                request,
+                probe={
                     "token": site.token,
                     "marker": site.marker,
                     "workspace": SANDBOX_WORKSPACE,
-                }
-                probed = dict(request, probe=probe_request)
-                self._send_request(sandbox, connection, probed)
-                probe = self._probe_result(sandbox, connection, site)
-            try:
-                _send_message(connection, {"go": probe.ok})
-            except OSError as error:
+                    "parent": [parent.st_dev, parent.st_ino],
+                },
+            )
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                connection.settimeout(_KILL_GRACE_S)
+                self._send_request(sandbox, connection, request)
+                connection.settimeout(deadline)
+                try:
+                    answer = _read_message(connection, bound)
+                except TimeoutError:
+                    self._discard(sandbox)
+                    return None
+                except (OSError, ValueError) as error:
+                    # The agent died mid-call (its container was killed, or ran out of memory).
+                    self._discard(sandbox)
+                    raise SandboxError(
+                        f"docker: lost the warm container mid-call: {error}"
+                    ) from None
+            if not isinstance(answer, dict):
                 self._discard(sandbox)
-                raise SandboxStartFailed(
-                    f"docker: lost the warm container's agent before the command: {error}"
-                ) from None
-            if not probe.ok:
-                self._discard(sandbox)
-                raise _ProbeFailed(f"{self.name} sandbox failed its probe: {probe.detail}")
-        except BaseException:
-            connection.close()
-            raise
-        return connection
+                raise SandboxError("docker: the warm container's agent gave a malformed answer")
+            if "probe_failed" in answer or "probe_passed" in answer:
+                failed = answer.get("probe_failed")
+                failed = failed if isinstance(failed, dict) else {}
+                probe = site.planted_result(self.name, failed)
+                if "probe_failed" in answer or not probe.ok:
+                    self._discard(sandbox)
+                    detail = probe.detail
+                    if failed.get("left"):
+                        detail += f"; an earlier call left {', '.join(map(str, failed['left']))}"
+                    raise _ProbeFailed(f"{self.name} sandbox failed its probe: {detail[:400]}")
+        return answer
 
     def _send_request(
         self, sandbox: WarmSandbox, connection: socket.socket, request: dict[str, Any]
@@ -669,33 +675,6 @@ class WarmDockerBackend(SandboxBackend):
             raise SandboxStartFailed(
                 f"docker: cannot reach the warm container's agent: {error}"
             ) from None
-
-    def _probe_result(
-        self, sandbox: WarmSandbox, connection: socket.socket, site: ProbeSite
-    ) -> ProbeResult:
-        """What the agent reported of its probe, checked on the host."""
-        try:
-            report = _read_message(connection, _PROBE_REPORT_BOUND)["probe"]
-            beside = report["beside"] is not False
-            read_only_root = report["read_only_root"] is True
-            parent = report["parent"]
-            errors = "; ".join(str(error) for error in report["errors"])[:200]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            self._discard(sandbox)
-            raise SandboxStartFailed(
-                f"docker: the warm container's agent gave no probe report: {error}"
-            ) from None
-        host_parent = os.stat(site.workspace.parent)
-        sees_host_parent = parent == [host_parent.st_dev, host_parent.st_ino]
-        note = f"root file system {'read-only' if read_only_root else 'WRITABLE'}"
-        if beside:
-            note += ", the agent wrote beside the workspace"
-        if sees_host_parent:
-            note += ", the workspace's parent is the host's"
-        if errors:
-            note += f": {errors}"
-        beside_writable = beside or not read_only_root or sees_host_parent
-        return site.result(self.name, beside_writable=beside_writable, note=note)
 
     def _discard(self, sandbox: WarmSandbox) -> None:
         with self._lock:

@@ -421,7 +421,8 @@ def test_a_container_left_with_ipc_objects_it_cannot_remove_is_dropped(
     warm, engine, workspace, project, runner_id
 ):
     """What the agent cannot remove (here a segment the host's root made in the container's
-    IPC namespace) does not stay for the thread's next call: the container goes."""
+    IPC namespace) does not stay for the thread's next call: that call runs in a new
+    container, and the old one goes."""
     shell(warm, workspace, project, "thr_a", runner_id, "true")
     sandbox = sandbox_of(warm, project, "thr_a")
     made = "import ctypes; print(ctypes.CDLL(None).shmget(0, 4096, 0o1600))"
@@ -431,8 +432,13 @@ def test_a_container_left_with_ipc_objects_it_cannot_remove_is_dropped(
         capture_output=True,
     )
     assert shell(warm, workspace, project, "thr_a", runner_id, "echo ok")["stdout"] == "ok\n"
-    assert warm.warm_containers() == {}
+    # The segment outlived that call: the container runs no further command.
+    assert (
+        shell(warm, workspace, project, "thr_a", runner_id, "hostname")["stdout"].strip()
+        != (sandbox.container_id[:12])
+    )
     assert sandbox.container_id not in warm_ids(engine, project)
+    assert warm.warm_containers()[(project, "thr_a")] != sandbox.container_id
 
 
 def test_a_dead_warm_container_is_discarded_never_bypassed(
@@ -506,19 +512,17 @@ def sandbox_of(warm, project, thread):
 
 
 def ask_agent(
-    sandbox, request: dict, *, close_after_send: bool = False, go: bool = True
+    sandbox, request: dict, *, close_after_send: bool = False, plant: bool = True
 ) -> dict | None:
-    """Talk to a container's agent as the runner does, saying ``go`` after its probe
-    report without checking it; None when it answers nothing."""
+    """Talk to a container's agent as the runner does, planting the probe's token in the
+    workspace first (``plant``); None when it answers nothing."""
+    if plant and "probe" in request:
+        marker = Path(sandbox.workspace) / request["probe"]["marker"]
+        marker.write_text(request["probe"]["token"])
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(20)
         connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
         send_message(connection, request)
-        if "probe" in request:
-            if read_message(connection) is None:
-                return None
-            (Path(sandbox.workspace) / request["probe"]["marker"]).unlink(missing_ok=True)
-            send_message(connection, {"go": go})
         if close_after_send:
             return None
         return read_message(connection)
@@ -550,9 +554,16 @@ def ignored_signals(status_line: str) -> set[int]:
 
 def agent_request(sandbox, script: str, **overrides) -> dict:
     token = uuid.uuid4().hex
+    parent = os.stat(Path(sandbox.workspace).parent)
+    probe = {
+        "token": token,
+        "marker": f".kestrel-probe-{token}",
+        "workspace": "/workspace",
+        "parent": [parent.st_dev, parent.st_ino],
+    }
     return {
         "key": sandbox.key,
-        "probe": {"token": token, "marker": f".kestrel-probe-{token}", "workspace": "/workspace"},
+        "probe": probe,
         "argv": ["sh", "-c", script],
         "env": {"PATH": "/usr/bin:/bin", "HOME": "/workspace"},
         "cwd": "/workspace",
@@ -642,17 +653,17 @@ def test_a_socket_that_is_not_the_containers_agent_is_never_used(
     assert warm_ids(engine, project) == set()
 
 
-def test_the_agent_runs_nothing_unprobed_or_without_the_runners_go(
-    warm, workspace, project, runner_id
-):
+def test_the_agent_runs_nothing_without_a_probe_that_passes(warm, workspace, project, runner_id):
     shell(warm, workspace, project, "thr_a", runner_id, "true")
     sandbox = sandbox_of(warm, project, "thr_a")
     unprobed = agent_request(sandbox, "echo ran > unprobed.txt")
     del unprobed["probe"]
-    assert ask_agent(sandbox, unprobed) is None
-    assert ask_agent(sandbox, agent_request(sandbox, "echo ran > held.txt"), go=False) is None
+    assert "probe_failed" in ask_agent(sandbox, unprobed)
+    # A token the runner did not plant: not the workspace the runner sees.
+    unplanted = agent_request(sandbox, "echo ran > unplanted.txt")
+    assert "probe_failed" in ask_agent(sandbox, unplanted, plant=False)
     assert not (workspace / "unprobed.txt").exists()
-    assert not (workspace / "held.txt").exists()
+    assert not (workspace / "unplanted.txt").exists()
     # A probed request with the runner's go runs, so the refusals above were the probe's.
     answer = ask_agent(sandbox, agent_request(sandbox, "echo ran > probed.txt"))
     assert answer["exit_code"] == 0 and (workspace / "probed.txt").exists()
