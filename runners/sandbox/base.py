@@ -228,10 +228,11 @@ class SandboxBackend(abc.ABC):
 
 class ProbeSite:
     """The host's side of one probe, whoever runs it in the sandbox (a command, or a warm
-    container's agent): a random token the sandbox must write into ``marker`` in the
-    workspace, and an empty directory of that name beside the workspace, made
-    world-writable for the occasion, in which nothing may appear. Use it as a context
-    manager: both are removed afterwards.
+    container's agent): a random token that must pass through ``marker`` in the workspace
+    (the sandbox writes it there, or finds it there and removes it: ``plant``), and an
+    empty directory of that name beside the workspace, made world-writable for the
+    occasion, in which nothing may appear. Use it as a context manager: both are removed
+    afterwards.
 
     ``open_sibling=False`` leaves the directory out (making and removing one costs more
     than the rest of a warm call on some disks); the sandbox must then check beside the
