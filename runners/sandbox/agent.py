@@ -321,15 +321,21 @@ def clean_up():
 
 def remove_sysv_ipc():
     """Remove every SysV IPC object of the container; True if none is left afterwards."""
+    clean = True
     for kind in SYSV_IPC:
-        for ipc_id in sysv_ids(kind) or ():
+        ids = sysv_ids(kind)
+        if not ids:  # the usual case: nothing to remove (or, None, cannot tell)
+            clean = clean and ids == []
+            continue
+        for ipc_id in ids:
             if kind == "shm":
                 LIBC.shmctl(ipc_id, IPC_RMID, None)
             elif kind == "msg":
                 LIBC.msgctl(ipc_id, IPC_RMID, None)
             else:
                 LIBC.semctl(ipc_id, 0, IPC_RMID)
-    return all(sysv_ids(kind) == [] for kind in SYSV_IPC)
+        clean = clean and sysv_ids(kind) == []
+    return clean
 
 
 def sysv_ids(kind):
