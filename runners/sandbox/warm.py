@@ -613,8 +613,13 @@ class WarmDockerBackend(SandboxBackend):
         host then finds empty (the start's probe, as a fresh container's).
         """
         with ProbeSite(workspace, open_sibling=open_sibling) as site:
-            site.plant()
-            parent = os.stat(site.workspace.parent)
+            try:
+                site.plant()
+                parent = os.stat(site.workspace.parent)
+            except OSError as error:
+                raise SandboxUnavailable(
+                    f"{self.name}: cannot probe the workspace: {error.strerror}"
+                ) from None
             request = dict(
                 request,
                 probe={
