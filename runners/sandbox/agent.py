@@ -7,15 +7,28 @@ than the rest of a warm call (docs/performance.md). Why that keeps a call as con
 exec, and the runner's side of it, is in ``runners.sandbox.warm``.
 
 Protocol, over the Unix socket the runner reaches through a per-container bind mount: one
-connection per command. The runner sends a 4-byte big-endian length and a JSON request::
+connection per command. Every message is a 4-byte big-endian length and a JSON document.
+The runner sends the request::
 
-    {"key": "...", "argv": [...], "env": {...}, "cwd": "/workspace",
+    {"key": "...", "probe": {"token": "...", "marker": ".kestrel-probe-...",
+                             "workspace": "/workspace", "parent": [st_dev, st_ino]},
+     "argv": [...], "env": {...}, "cwd": "/workspace",
      "tmpdir": "/tmp/kestrel-...", "timeout_s": 30.0, "output_limit": 65536}
 
-and reads back one length-prefixed JSON answer: ``exit_code``, ``stdout``/``stderr``
-(base64, at most ``output_limit`` bytes each), ``truncated``, ``timed_out``, ``oom_kills``
-(how many processes the memory cgroup killed during the call) and ``duration_ms``; or
-``{"error": "..."}`` when the command could not be started at all.
+The agent first probes (RUN-5, before every command), with the commands' own uid, mounts
+and namespaces, against what the runner saw on the host just before: the file ``marker``
+the runner wrote in the workspace must hold ``token`` and the agent must be able to remove
+it (so ``/workspace`` is the workspace as the host sees it now, and writable); creating
+``marker`` beside the workspace must fail; the root filesystem must be mounted
+read-only; and the workspace's parent must not be ``parent`` (the host's directory of
+workspaces, by device and inode). If any of that fails the agent answers
+``{"probe_failed": {"workspace": [...], "beside": [...]}}`` and runs nothing; a request
+without ``argv`` (the probe of a new container) is answered ``{"probe_passed": true}``.
+Otherwise, after the command, the agent sends one answer: ``exit_code``,
+``stdout``/``stderr`` (base64, at most ``output_limit`` bytes each), ``truncated``,
+``timed_out``, ``oom_kills`` (how many processes the memory cgroup killed during the
+call) and ``duration_ms``; or ``{"error": "..."}`` when the command could not be started
+at all. One request, one answer: the probe adds no exchange.
 
 What the agent guarantees:
 - It answers only the runner. The peer must be outside the container (the runner's process
@@ -29,7 +42,12 @@ What the agent guarantees:
   the agent's own), no stdin and no descriptor of the agent's.
 - Nothing outlives its call: when the command exits, times out, or the runner's connection
   drops, the agent sends SIGKILL to every other process in the container (``kill(-1)``),
-  reaps them, and empties /tmp and /dev/shm.
+  reaps them, empties /tmp, /dev/shm and /dev/mqueue, and removes every SysV shared memory
+  segment, message queue and semaphore set of the container's IPC namespace. The
+  commands run as the agent's uid, so it may remove whatever they made. This happens
+  after the answer is sent and before the next connection is taken; if anything is left
+  (or cannot be listed), the next request's probe fails (``probe_failed`` with ``left``),
+  nothing runs, and the runner drops the container.
 """
 
 import base64
@@ -37,6 +55,7 @@ import ctypes
 import hmac
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -55,11 +74,16 @@ OOM_COUNTERS = (
     "/sys/fs/cgroup/memory.events",
     "/sys/fs/cgroup/memory/memory.oom_control",
 )
-SCRATCH = ("/tmp", "/dev/shm")  # noqa: S108 - the container's own tmpfs
+SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")  # noqa: S108 - the container's own
+# SysV IPC objects of the container's IPC namespace, and how each kind is removed.
+SYSV_IPC = ("shm", "msg", "sem")
+IPC_RMID = 0
+PROBE_MARKER = re.compile(r"\.kestrel-probe-[0-9a-f]{32}")
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def main(path):
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     # Python's own SIGINT handler would let a command stop PID 1. With default dispositions
     # the kernel drops every signal sent to PID 1 from inside its namespace, and a command
     # starts with default dispositions too (an ignored signal would stay ignored across exec).
@@ -67,8 +91,9 @@ def main(path):
     key = os.environ.pop(KEY_VARIABLE).encode()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".new")
-    os.rename(path + ".new", path)  # the runner waits for this name: it appears listening
     server.listen(4)
+    os.rename(path + ".new", path)  # the runner waits for this name: it appears listening
+    left = []  # what an earlier call left that could not be removed: nothing runs any more
     while True:
         connection, _ = server.accept()
         with connection:
@@ -80,11 +105,25 @@ def main(path):
                 continue
             if not hmac.compare_digest(str(request.get("key", "")).encode(), key):
                 continue
-            answer = run(request, connection)
+            try:
+                failed = probe(request["probe"])
+            except (ValueError, KeyError, TypeError):
+                failed = {"workspace": ["the request has no probe"], "beside": []}
+            if left:
+                failed = dict(failed or {"workspace": [], "beside": []}, left=left)
+            if failed:
+                answer = {"probe_failed": failed}
+            elif "argv" not in request:
+                answer = {"probe_passed": True}
+            else:
+                answer = run(request, connection)
             try:
                 send(connection, answer)
             except OSError:
                 pass
+            if "exit_code" in answer:
+                # After the answer, so the runner need not wait; before the next request.
+                left = clean_up()
 
 
 def peer_pid(connection):
@@ -114,6 +153,49 @@ def send(connection, answer):
     connection.sendall(HEADER.pack(len(body)) + body)
 
 
+def probe(site):
+    """RUN-5 before the command (see the module's docstring): what failed, if anything, in
+    the workspace and beside it.
+
+    The agent has the commands' uid, mounts and namespaces, so what it can write a command
+    can, and what it cannot, a command cannot either.
+    """
+    token, marker, workspace = str(site["token"]), str(site["marker"]), str(site["workspace"])
+    host_parent = [int(value) for value in site["parent"]]
+    if not PROBE_MARKER.fullmatch(marker) or not workspace.startswith("/"):
+        raise ValueError("not a probe")
+    failed = {"workspace": [], "beside": []}
+    planted = os.path.join(workspace, marker)
+    try:
+        fd = os.open(planted, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as seen:
+            if seen.read(64) != token.encode():
+                failed["workspace"].append("it is not the runner's")
+        os.unlink(planted)
+    except OSError as error:
+        failed["workspace"].append(error.strerror)
+    beside = os.path.join(workspace, "..", marker)
+    try:
+        os.mkdir(beside, 0o700)
+        failed["beside"].append("made a directory")
+    except OSError:
+        pass  # EROFS, as it should be (or EEXIST: the runner's own, if it made one)
+    try:
+        os.close(os.open(os.path.join(beside, "marker"), os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        failed["beside"].append("wrote a file")
+    except OSError:
+        pass
+    try:
+        if not os.statvfs("/").f_flag & os.ST_RDONLY:
+            failed["beside"].append("the root file system is writable")
+        parent = os.stat(os.path.join(workspace, ".."))
+        if [parent.st_dev, parent.st_ino] == host_parent:
+            failed["beside"].append("the workspace's parent is the host's")
+    except OSError as error:
+        failed["beside"].append(error.strerror)
+    return failed if failed["workspace"] or failed["beside"] else None
+
+
 def run(request, connection):
     tmpdir = request["tmpdir"]
     try:
@@ -139,11 +221,9 @@ def run(request, connection):
         # What a shell would say and exit with for a command it cannot run.
         code = 127 if isinstance(error, FileNotFoundError) else 126
         message = f"{request['argv'][0]}: {error.strerror}\n".encode()
-        clean_up()
         return answer_for(code, b"", message, False, False, 0, started)
     outputs, truncated, timed_out = collect(child, connection, request, limit)
     exit_code = 137 if timed_out else child.wait()
-    clean_up()
     return answer_for(
         exit_code,
         outputs[child.stdout.fileno()],
@@ -221,6 +301,8 @@ def kill_all():
 
 
 def clean_up():
+    """Remove what the call left in the container's scratch space and IPC namespace (every
+    other process is dead by now); what could not be removed."""
     for directory in SCRATCH:
         try:
             entries = list(os.scandir(directory))
@@ -234,6 +316,36 @@ def clean_up():
                     os.unlink(entry.path)
             except OSError:
                 pass
+    return [] if remove_sysv_ipc() else ["SysV IPC objects"]
+
+
+def remove_sysv_ipc():
+    """Remove every SysV IPC object of the container; True if none is left afterwards."""
+    clean = True
+    for kind in SYSV_IPC:
+        ids = sysv_ids(kind)
+        if not ids:  # the usual case: nothing to remove (or, None, cannot tell)
+            clean = clean and ids == []
+            continue
+        for ipc_id in ids:
+            if kind == "shm":
+                LIBC.shmctl(ipc_id, IPC_RMID, None)
+            elif kind == "msg":
+                LIBC.msgctl(ipc_id, IPC_RMID, None)
+            else:
+                LIBC.semctl(ipc_id, 0, IPC_RMID)
+        clean = clean and sysv_ids(kind) == []
+    return clean
+
+
+def sysv_ids(kind):
+    """The ids of one kind of SysV IPC object in this IPC namespace; None if unreadable."""
+    try:
+        with open(f"/proc/sysvipc/{kind}") as table:
+            rows = table.read().splitlines()[1:]
+        return [int(row.split()[1]) for row in rows if row.strip()]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def oom_kills():

@@ -216,9 +216,9 @@ class SandboxBackend(abc.ABC):
     def run_probed(self, spec: ExecSpec) -> ExecResult:
         """Probe on the spec's workspace, then run it; see ``run_confined``.
 
-        A backend that keeps sandboxes alive between commands overrides this to probe each
-        sandbox once, when it starts (its confinement is fixed at creation and a command
-        inside cannot change it), rather than probing in a throwaway one every time.
+        A backend that keeps sandboxes alive between commands overrides this to probe, right
+        before each command, the very sandbox the command runs in (``runners.sandbox.warm``)
+        rather than a throwaway one.
         """
         probe = self.probe(spec.workspace)
         if not probe.ok:
@@ -226,22 +226,100 @@ class SandboxBackend(abc.ABC):
         return self.run(spec)
 
 
+class ProbeSite:
+    """The host's side of one probe, whoever runs it in the sandbox (a command, or a warm
+    container's agent): a random token that must pass through ``marker`` in the workspace
+    (the sandbox writes it there, or finds it there and removes it: ``plant``), and an
+    empty directory of that name beside the workspace, made world-writable for the
+    occasion, in which nothing may appear. Use it as a context manager: both are removed
+    afterwards.
+
+    ``open_sibling=False`` leaves the directory out (making and removing one costs more
+    than the rest of a warm call on some disks); the sandbox must then check beside the
+    workspace itself, as a warm container's agent does (``plant``).
+    """
+
+    def __init__(self, workspace: Path, *, open_sibling: bool = True) -> None:
+        self.workspace = Path(workspace)
+        self.token = secrets.token_hex(16)
+        self.marker = f".kestrel-probe-{self.token}"
+        self.sibling = self.workspace.parent / self.marker
+        self.open_sibling = open_sibling
+
+    def __enter__(self) -> ProbeSite:
+        if self.open_sibling:
+            self.sibling.mkdir(mode=0o777)
+            os.chmod(self.sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.workspace / self.marker)
+        if self.open_sibling:
+            shutil.rmtree(self.sibling, ignore_errors=True)
+
+    def result(self, sandbox: str, *, note: str) -> ProbeResult:
+        """What the host sees after a probe that wrote the token into the marker."""
+        try:
+            written = Workspace(self.workspace).read(self.marker, max_bytes=64).data
+        except WorkspaceError:
+            written = b""
+        return self._result(sandbox, written == self.token.encode(), False, note)
+
+    def plant(self) -> None:
+        """Write the token into the marker, for a sandbox that checks it there and removes
+        it before its command (a warm container's agent): see ``planted_result``."""
+        directory = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(self.marker, flags, 0o644, dir_fd=directory)
+            try:
+                os.write(fd, self.token.encode())
+            finally:
+                os.close(fd)
+        finally:
+            os.close(directory)
+
+    def planted_result(
+        self, sandbox: str, failed: Mapping[str, Sequence[str]] | None = None
+    ) -> ProbeResult:
+        """After a sandbox checked the planted token: it must have found it and removed it,
+        and nothing may be wrong beside the workspace, by its word (``failed``: what it
+        found wrong in the workspace and beside it) and by the host's."""
+        failed = failed or {}
+        in_workspace = [str(reason) for reason in failed.get("workspace", ())]
+        beside = [str(reason) for reason in failed.get("beside", ())]
+        if os.path.lexists(self.workspace / self.marker):
+            in_workspace.append("the token was not taken from it")
+        note = "; ".join(
+            f"{where}: {', '.join(reasons)}"
+            for where, reasons in (("workspace", in_workspace), ("beside it", beside))
+            if reasons
+        )
+        return self._result(sandbox, not in_workspace, bool(beside), note[:300] or "ok")
+
+    def _result(
+        self, sandbox: str, workspace_writable: bool, beside_writable: bool, note: str
+    ) -> ProbeResult:
+        sibling_writable = beside_writable or (self.open_sibling and any(self.sibling.iterdir()))
+        detail = (
+            f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
+            f"beside it {'WRITABLE' if sibling_writable else 'not writable'} ({note})"
+        )
+        return ProbeResult(sandbox, workspace_writable, sibling_writable, detail)
+
+
 def probe_with(sandbox: str, run: Callable[[ExecSpec], ExecResult], workspace: Path) -> ProbeResult:
     """The probe of ``SandboxBackend.probe``, with ``run`` as the way to run the probe script.
 
-    ``run`` is a backend's ``run`` for a fresh sandbox, or an exec in a sandbox that is
-    already up (``runners.sandbox.warm``); the checks on the host are the same either way.
+    ``run`` is a backend's ``run`` for a fresh sandbox; the checks are on the host
+    (``ProbeSite``). A warm container is probed by its agent instead
+    (``runners.sandbox.warm``), with the same checks.
     """
-    workspace = Path(workspace)
-    token = secrets.token_hex(16)
-    marker = f".kestrel-probe-{token}"
-    sibling = workspace.parent / marker
-    sibling.mkdir(mode=0o777)
-    os.chmod(sibling, 0o777)  # noqa: S103 - deliberately open: see the docstring
-    try:
+    with ProbeSite(workspace) as site:
         spec = ExecSpec(
-            argv=("sh", "-c", _PROBE_SCRIPT, "probe", token, marker, f"../{marker}"),
-            workspace=workspace,
+            argv=("sh", "-c", _PROBE_SCRIPT, "probe", site.token, site.marker, f"../{site.marker}"),
+            workspace=site.workspace,
             limits=_PROBE_LIMITS,
             labels={"purpose": "probe"},
         )
@@ -249,22 +327,9 @@ def probe_with(sandbox: str, run: Callable[[ExecSpec], ExecResult], workspace: P
             result = run(spec)
         except SandboxError as error:
             return ProbeResult(sandbox, False, False, f"probe command failed: {error}")
-        try:
-            written = Workspace(workspace).read(marker, max_bytes=64).data
-        except WorkspaceError:
-            written = b""
-        workspace_writable = written == token.encode()
-        sibling_writable = any(sibling.iterdir())
-        detail = (
-            f"workspace {'writable' if workspace_writable else 'NOT writable'}, "
-            f"beside it {'WRITABLE' if sibling_writable else 'not writable'} "
-            f"(probe exit {result.exit_code}: {result.stderr.strip()[:200]})"
+        return site.result(
+            sandbox, note=f"probe exit {result.exit_code}: {result.stderr.strip()[:200]}"
         )
-        return ProbeResult(sandbox, workspace_writable, sibling_writable, detail)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(workspace / marker)
-        shutil.rmtree(sibling, ignore_errors=True)
 
 
 def run_confined(backend: SandboxBackend, spec: ExecSpec) -> ExecResult:

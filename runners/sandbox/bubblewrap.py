@@ -9,9 +9,17 @@ cgroup), capabilities are dropped and no-new-privileges is set by bwrap itself.
 
 What bwrap cannot do is cgroup accounting: memory, CPU and process counts are bounded with
 rlimits (``prlimit``) instead, which is best effort. RLIMIT_DATA caps each process's
-memory, not the tree's; RLIMIT_NPROC counts every process of the sandbox uid on the host;
-CPU shares are not enforced, only total CPU seconds. An out-of-memory kill cannot be told
-from other deaths, so ``oom_killed`` is always false here. Use Docker where those matter.
+memory, not the tree's; CPU shares are not enforced, only total CPU seconds. An
+out-of-memory kill cannot be told from other deaths, so ``oom_killed`` is always false
+here. Use Docker where those matter.
+
+The process limit is the sandbox's own, although every sandbox runs as the same uid: the
+kernel counts RLIMIT_NPROC per user namespace and uid (Linux 5.14 and later), and checks a
+namespace's count against the limit only inside that namespace; its parents are checked
+against the limit its creator had. So the limit is set inside the sandbox (``prlimit
+--nproc`` exec'ing the command, as PID 1 of the new namespaces), never on bwrap: set there,
+it would apply to the uid's count on the host, shared by every tenant's sandboxes, and one
+sandbox at its limit would keep the others from even starting.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -41,6 +50,8 @@ from runners.workspace import workspace_owner
 # System directories a program needs; the /bin-style names are links on merged-/usr hosts.
 _SYSTEM_DIRECTORIES = ("/usr", "/etc")
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+# The first kernel to count RLIMIT_NPROC per user namespace (see the module's docstring).
+_PER_NAMESPACE_NPROC = (5, 14)
 _KILL_GRACE_S = 10
 _READ_CHUNK = 64 * 1024
 
@@ -64,6 +75,17 @@ class BubblewrapBackend(SandboxBackend):
             )
         if prlimit is None:
             raise SandboxUnavailable("bubblewrap: prlimit is not installed (util-linux)")
+        prlimit = os.path.realpath(prlimit)
+        if not prlimit.startswith(tuple(f"{name}/" for name in _SYSTEM_DIRECTORIES)):
+            # It runs inside the sandbox too, which sees only the system directories.
+            raise SandboxUnavailable(f"bubblewrap: prlimit must be under /usr, not {prlimit}")
+        release = kernel_release()
+        if release < _PER_NAMESPACE_NPROC:
+            raise SandboxUnavailable(
+                f"bubblewrap: Linux {release[0]}.{release[1]} counts processes per uid across "
+                "the host, so sandboxes would share one process limit; it needs Linux 5.14 "
+                "or later"
+            )
         return cls(bwrap=bwrap, prlimit=prlimit)
 
     def command_line(self, spec: ExecSpec, status_fd: int) -> list[str]:
@@ -74,7 +96,6 @@ class BubblewrapBackend(SandboxBackend):
         line = [
             self.prlimit,
             f"--data={limits.memory_mb * 1024 * 1024}",
-            f"--nproc={limits.pids}",
             f"--cpu={cpu_seconds}",
             "--core=0",
             "--",
@@ -87,9 +108,9 @@ class BubblewrapBackend(SandboxBackend):
             "--die-with-parent",
             "--new-session",
             # The command itself is PID 1 of its namespace, a direct child of bwrap. With
-            # bwrap's own init in between, that init outlives bwrap as a zombie until the
-            # host's init reaps it, and zombies count against RLIMIT_NPROC. When the command
-            # ends, the kernel ends the namespace's other processes.
+            # bwrap's own init in between, that init would outlive bwrap as a zombie until
+            # the host's init reaps it. When the command ends, the kernel ends the
+            # namespace's other processes.
             "--as-pid-1",
             "--cap-drop",
             "ALL",
@@ -115,7 +136,10 @@ class BubblewrapBackend(SandboxBackend):
         ]  # fmt: skip
         for name, value in spec.environment().items():
             line += ["--setenv", name, value]
-        line += ["--json-status-fd", str(status_fd), "--", *spec.argv]
+        # The process limit, set inside the sandbox's own user namespace (see the module's
+        # docstring); prlimit then execs the command, which stays PID 1.
+        line += ["--json-status-fd", str(status_fd), "--"]
+        line += [self.prlimit, f"--nproc={limits.pids}", "--", *spec.argv]
         return line
 
     def run(self, spec: ExecSpec) -> ExecResult:
@@ -216,6 +240,12 @@ class _Collector:
                         selector.unregister(key.fd)
                         self._open.discard(key.fd)
         return True
+
+
+def kernel_release() -> tuple[int, int]:
+    """The running kernel's (major, minor) version; (0, 0) if it cannot be read."""
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
 def _child_started(status: bytes) -> bool:

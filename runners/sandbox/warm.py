@@ -1,8 +1,9 @@
 """Warm Docker sandboxes: one long-lived container per thread, its commands run by an agent.
 
 ``WarmDockerBackend`` keeps a thread's container up between calls and runs each command
-through the container's PID 1 agent (``runners.sandbox.agent``) with the same confinement,
-probe and limits as a fresh container. The host-side state shared by worker processes is in
+through the container's PID 1 agent (``runners.sandbox.agent``) with the same confinement
+and limits as a fresh container, probed (RUN-5) through the agent right before each
+command. The host-side state shared by worker processes is in
 ``runners.sandbox.warm_host``; the design and its guarantees are in docs/runners.md
 ("Warm sandboxes").
 """
@@ -33,15 +34,16 @@ from runners.sandbox import agent
 from runners.sandbox.base import (
     SANDBOX_PATH,
     SANDBOX_TMP,
+    SANDBOX_WORKSPACE,
     ExecLimits,
     ExecResult,
     ExecSpec,
     OutputBuffer,
+    ProbeSite,
     SandboxBackend,
     SandboxError,
     SandboxStartFailed,
     SandboxUnavailable,
-    probe_with,
 )
 from runners.sandbox.docker import _KILL_GRACE_S, LABEL_PREFIX, DockerBackend
 from runners.sandbox.warm_host import (
@@ -81,6 +83,7 @@ AGENT_START_SECONDS = 20.0
 _CONTAINER_LIMITS = ("memory_mb", "cpus", "pids", "tmp_mb")
 _HEADER = struct.Struct(">I")
 _UCRED = struct.Struct("3i")
+_PROBE_REPORT_BOUND = 16 * 1024  # a probe's answer, when it has no command's
 
 log = logging.getLogger("kestrel.runner")
 
@@ -172,6 +175,13 @@ class WarmDockerBackend(SandboxBackend):
             except _Gone:
                 # Another worker process removed the idle container to make room for its
                 # own; the command never started there. Once more, in a new one.
+                return self._run_warm(key, spec)
+            except _ProbeFailed as error:
+                # A container that passed its probe before fails it now (its workspace was
+                # replaced under it, its mounts were changed from the host...). It is gone,
+                # its command never started; once more in a new container, probed afresh.
+                # A second failure is the call's: SandboxUnavailable.
+                log.warning("a warm container failed its probe and was removed: %s", error)
                 return self._run_warm(key, spec)
         except _ThreadEnded:
             # A call of the thread that was queued before it ended: it runs (the control
@@ -385,12 +395,29 @@ class WarmDockerBackend(SandboxBackend):
                     raise _ThreadEnded from None  # removed by a thread end before it started
                 raise SandboxStartFailed(f"docker: cannot start the container: {error}") from None
             sandbox.agent_pid = self._await_agent(sandbox)
-            probe = probe_with(
-                self.name, lambda probe_spec: self._call(sandbox, probe_spec), spec.workspace
-            )
-            if not probe.ok:
-                raise SandboxUnavailable(f"{self.name} sandbox failed its probe: {probe.detail}")
+            # Probed before it is published, as before every command (see _exchange), and
+            # with the world-writable directory beside the workspace, as a fresh container
+            # is; under its lock like a call: another process making room leaves it alone.
+            sandbox.lock_fd = lock_container(sandbox.agent_dir)
+            try:
+                if sandbox.lock_fd is None:
+                    raise _Gone  # another process is removing it
+                self._exchange(
+                    sandbox,
+                    spec.workspace,
+                    {"key": sandbox.key},
+                    _PROBE_REPORT_BOUND,
+                    _KILL_GRACE_S,
+                    open_sibling=True,
+                )
+            finally:
+                if sandbox.lock_fd is not None and sandbox.lock_fd >= 0:
+                    os.close(sandbox.lock_fd)
+                sandbox.lock_fd = None
             write_atomically(sandbox.agent_dir / "sandbox.json", json.dumps(sandbox.shared()))
+        except _ProbeFailed as error:
+            remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
+            raise SandboxUnavailable(str(error)) from None  # a new container: not retried
         except BaseException:
             # Never published, so nobody else uses it: removed whoever holds its lock.
             remove_container(self.client, sandbox.container_id, sandbox.agent_dir)
@@ -560,41 +587,99 @@ class WarmDockerBackend(SandboxBackend):
         }
         # Both streams at their cap, base64-encoded, and the JSON around them.
         bound = 2 * (spec.limits.output_kb * 1024 * 4 // 3 + 4) + 4096
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with connection:
+        return self._exchange(sandbox, spec.workspace, request, bound, self._deadline(spec))
+
+    def _exchange(
+        self,
+        sandbox: WarmSandbox,
+        workspace: Path,
+        request: dict[str, Any],
+        bound: int,
+        deadline: float,
+        *,
+        open_sibling: bool = False,
+    ) -> dict[str, Any] | None:
+        """Send ``request`` with its probe (RUN-5) and read the agent's one answer; None if
+        it never came. A container that fails the probe is removed and ``_ProbeFailed``
+        raised; nothing ran in it.
+
+        The runner plants a random token in the workspace as the host sees it now and sends
+        the host's identity of the workspace's parent; before the command, the agent (with
+        the commands' own uid, mounts and namespaces) must find the token in /workspace and
+        remove it, must fail to write beside the workspace, must see a read-only root and a
+        parent that is not the host's directory of workspaces (``runners.sandbox.agent``).
+        That costs no exchange and no process: cheap enough for every command.
+        ``open_sibling`` adds the world-writable directory beside the workspace that the
+        host then finds empty (the start's probe, as a fresh container's).
+        """
+        with ProbeSite(workspace, open_sibling=open_sibling) as site:
             try:
-                connection.settimeout(_KILL_GRACE_S)
-                connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
-                peer = _UCRED.unpack(
-                    connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-                )[0]
-                if peer != sandbox.agent_pid:
-                    raise ConnectionRefusedError(f"answered by pid {peer}, not the container's")
-                body = json.dumps(request).encode()
-                connection.sendall(_HEADER.pack(len(body)) + body)
+                site.plant()
+                parent = os.stat(site.workspace.parent)
             except OSError as error:
-                gone = not sandbox.agent_dir.exists()  # before the discard removes it
-                self._discard(sandbox)
-                if self._ended((sandbox.project, sandbox.thread)):
-                    raise _ThreadEnded from None  # removed by a thread end; nothing ran
-                if gone:
-                    raise _Gone from None  # removed to make room; nothing ran
-                raise SandboxStartFailed(
-                    f"docker: cannot reach the warm container's agent: {error}"
+                raise SandboxUnavailable(
+                    f"{self.name}: cannot probe the workspace: {error.strerror}"
                 ) from None
-            connection.settimeout(self._deadline(spec))
-            try:
-                size = _HEADER.unpack(_read_exactly(connection, _HEADER.size))[0]
-                if size > bound:
-                    raise ValueError(f"an answer of {size} bytes")
-                return json.loads(_read_exactly(connection, size))
-            except TimeoutError:
+            request = dict(
+                request,
+                probe={
+                    "token": site.token,
+                    "marker": site.marker,
+                    "workspace": SANDBOX_WORKSPACE,
+                    "parent": [parent.st_dev, parent.st_ino],
+                },
+            )
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                connection.settimeout(_KILL_GRACE_S)
+                self._send_request(sandbox, connection, request)
+                connection.settimeout(deadline)
+                try:
+                    answer = _read_message(connection, bound)
+                except TimeoutError:
+                    self._discard(sandbox)
+                    return None
+                except (OSError, ValueError) as error:
+                    # The agent died mid-call (its container was killed, or ran out of memory).
+                    self._discard(sandbox)
+                    raise SandboxError(
+                        f"docker: lost the warm container mid-call: {error}"
+                    ) from None
+            if not isinstance(answer, dict):
                 self._discard(sandbox)
-                return None
-            except (OSError, ValueError) as error:
-                # The agent died mid-call (its container was killed, or ran out of memory).
-                self._discard(sandbox)
-                raise SandboxError(f"docker: lost the warm container mid-call: {error}") from None
+                raise SandboxError("docker: the warm container's agent gave a malformed answer")
+            if "probe_failed" in answer or "probe_passed" in answer:
+                failed = answer.get("probe_failed")
+                failed = failed if isinstance(failed, dict) else {}
+                probe = site.planted_result(self.name, failed)
+                if "probe_failed" in answer or not probe.ok:
+                    self._discard(sandbox)
+                    detail = probe.detail
+                    if failed.get("left"):
+                        detail += f"; an earlier call left {', '.join(map(str, failed['left']))}"
+                    raise _ProbeFailed(f"{self.name} sandbox failed its probe: {detail[:400]}")
+        return answer
+
+    def _send_request(
+        self, sandbox: WarmSandbox, connection: socket.socket, request: dict[str, Any]
+    ) -> None:
+        try:
+            connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
+            peer = _UCRED.unpack(
+                connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            )[0]
+            if peer != sandbox.agent_pid:
+                raise ConnectionRefusedError(f"answered by pid {peer}, not the container's")
+            _send_message(connection, request)
+        except OSError as error:
+            gone = not sandbox.agent_dir.exists()  # before the discard removes it
+            self._discard(sandbox)
+            if self._ended((sandbox.project, sandbox.thread)):
+                raise _ThreadEnded from None  # removed by a thread end; nothing ran
+            if gone:
+                raise _Gone from None  # removed to make room; nothing ran
+            raise SandboxStartFailed(
+                f"docker: cannot reach the warm container's agent: {error}"
+            ) from None
 
     def _discard(self, sandbox: WarmSandbox) -> None:
         with self._lock:
@@ -625,6 +710,10 @@ class _Gone(SandboxStartFailed):
         super().__init__("docker: the warm container was removed by another worker process")
 
 
+class _ProbeFailed(SandboxUnavailable):
+    """The container failed its probe before a command; it was removed, nothing ran."""
+
+
 class _ThreadEnded(Exception):
     """The thread ended before this call's command started in its warm container."""
 
@@ -638,6 +727,18 @@ def _thread_key(spec: ExecSpec) -> tuple[str, str] | None:
 
 def _safe(value: str) -> str:
     return "".join(c for c in value if c.isalnum() or c in "_-")[:64] or "call"
+
+
+def _send_message(connection: socket.socket, message: dict[str, Any]) -> None:
+    body = json.dumps(message).encode()
+    connection.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _read_message(connection: socket.socket, bound: int) -> Any:
+    size = _HEADER.unpack(_read_exactly(connection, _HEADER.size))[0]
+    if size > bound:
+        raise ValueError(f"an answer of {size} bytes")
+    return json.loads(_read_exactly(connection, size))
 
 
 def _read_exactly(connection: socket.socket, size: int) -> bytes:

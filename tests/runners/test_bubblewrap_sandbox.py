@@ -7,13 +7,22 @@ runners/sandbox/bubblewrap.py); these tests hold it to the rest of RUN-3 and RUN
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from runners.dispatch import execute
-from runners.sandbox import BubblewrapBackend, ExecLimits
-from runners.workspace import SANDBOX_UID
+from runners.sandbox import (
+    BubblewrapBackend,
+    ExecLimits,
+    ExecResult,
+    ExecSpec,
+    SandboxUnavailable,
+    bubblewrap,
+)
+from runners.workspace import SANDBOX_UID, workspace_for
 
 pytestmark = pytest.mark.spec("RUN-3", "RUN-4")
 
@@ -145,6 +154,85 @@ except MemoryError:
 """
     limits = ExecLimits(timeout_s=20, memory_mb=128, cpus=1, pids=16, output_kb=8, tmp_mb=8)
     assert run("code.python", limits, code=code)["stdout"] == "stopped 11\nmemory refused\n"
+
+
+# Forks until the process limit stops it, says so in a file, and holds its children until
+# the test lets go: a tenant whose sandbox sits at its process limit.
+_HOLD_AT_LIMIT = """
+import os, time
+children = 0
+try:
+    while True:
+        if os.fork() == 0:
+            while not os.path.exists("release"):
+                time.sleep(0.05)
+            os._exit(0)
+        children += 1
+except OSError:
+    pass
+with open("full.new", "w") as full:
+    full.write(str(children))
+os.rename("full.new", "full")
+while not os.path.exists("release"):
+    time.sleep(0.05)
+print(children)
+"""
+_START_FOUR = """
+import os
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("four started")
+"""
+
+
+def test_a_sandbox_at_its_process_limit_leaves_another_sandbox_its_own(
+    bwrap_backend: BubblewrapBackend, workspace_root: Path
+):
+    """Process limits are per call: each sandbox's processes are counted in its own user
+    namespace, not for the sandbox uid that every sandbox on the host shares."""
+    limits = ExecLimits(timeout_s=60, memory_mb=128, cpus=1, pids=16, output_kb=8, tmp_mb=8)
+    holder = workspace_for(workspace_root, "prj_holder")
+    other = workspace_for(workspace_root, "prj_other")
+    held: list[ExecResult | BaseException] = []
+
+    def hold() -> None:
+        try:
+            spec = ExecSpec(argv=("python3", "-c", _HOLD_AT_LIMIT), workspace=holder, limits=limits)
+            held.append(bwrap_backend.run(spec))
+        except BaseException as error:  # reported by the assertions below
+            held.append(error)
+
+    holding = threading.Thread(target=hold, daemon=True)
+    holding.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (holder / "full").exists():
+            assert holding.is_alive(), f"the holding sandbox ended early: {held}"
+            assert time.monotonic() < deadline, "the holding sandbox never reached its limit"
+            time.sleep(0.05)
+        # The first sandbox is at its limit now, and stays there until released.
+        spec = ExecSpec(argv=("python3", "-c", _START_FOUR), workspace=other, limits=limits)
+        result = bwrap_backend.run(spec)
+        assert (result.exit_code, result.stdout) == (0, "four started\n"), result.stderr
+    finally:
+        (holder / "release").touch()
+        holding.join(60)
+    # The limit itself held, for the sandbox's own processes only: the command and as many
+    # children as make up ``pids``.
+    assert isinstance(held[0], ExecResult), held
+    assert (held[0].exit_code, held[0].stdout) == (0, f"{limits.pids - 1}\n")
+
+
+def test_a_kernel_that_counts_processes_per_uid_only_is_refused(monkeypatch):
+    """Before Linux 5.14 every sandbox of the host would share one process count."""
+    monkeypatch.setattr(bubblewrap, "kernel_release", lambda: (5, 10))
+    with pytest.raises(SandboxUnavailable, match=r"needs Linux 5\.14"):
+        BubblewrapBackend.from_environment()
+    monkeypatch.undo()
+    assert isinstance(BubblewrapBackend.from_environment(), BubblewrapBackend)
 
 
 def _cmdline_has(process: Path, needle: bytes) -> bool:

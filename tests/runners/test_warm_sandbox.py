@@ -11,6 +11,7 @@ import signal
 import socket
 import stat
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -29,8 +30,6 @@ from runners.sandbox import (
     run_confined,
     warm_host,
 )
-from runners.sandbox import warm as warm_module
-from runners.sandbox.base import ProbeResult
 from runners.sandbox.warm import AGENT_MOUNT
 from runners.sandbox.warm_host import (
     AGENT_DIR_LABEL,
@@ -327,18 +326,119 @@ def test_ending_a_thread_removes_its_container(warm, engine, workspace, project,
 
 
 def test_a_failed_probe_removes_the_container_and_fails_closed(
-    warm, engine, workspace, project, runner_id, monkeypatch
+    warm, engine, workspace, project, runner_id
 ):
-    def failing_probe(sandbox, run, probed_workspace):
-        run(ExecSpec(argv=("true",), workspace=probed_workspace))  # it did start
-        return ProbeResult(sandbox, False, False, "workspace NOT writable")
-
-    monkeypatch.setattr(warm_module, "probe_with", failing_probe)
-    with pytest.raises(SandboxUnavailable, match="failed its probe"):
-        shell(warm, workspace, project, "thr_a", runner_id, "echo never > never.txt")
+    workspace.chmod(0o555)  # not even its owner, the sandbox user, may write in it
+    try:
+        with pytest.raises(SandboxUnavailable, match="workspace NOT writable"):
+            shell(warm, workspace, project, "thr_a", runner_id, "echo never > /tmp/never")
+    finally:
+        workspace.chmod(0o755)
     assert warm.warm_containers() == {}
     assert warm_ids(engine, project) == set()
-    assert not (workspace / "never.txt").exists()
+
+
+def test_a_container_whose_workspace_was_replaced_is_refused_before_its_next_command(
+    warm, engine, workspace, workspace_root, project, runner_id
+):
+    """RUN-5 before each command, not only at start: the probe's token must land in the
+    workspace as the runner sees it now. Replaced on the host (a restore that swaps in a
+    staged copy, a project's workspace removed and made again), the workspace a running
+    container has mounted is no longer the project's."""
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    stale = warm.warm_containers()[(project, "thr_a")]
+    replaced = workspace.rename(workspace_root / "replaced")
+    assert workspace_for(workspace_root, project) == workspace
+
+    result = shell(warm, workspace, project, "thr_a", runner_id, "echo ran > ran.txt; hostname")
+    assert not (replaced / "ran.txt").exists()  # never in the container that saw the old one
+    assert (workspace / "ran.txt").read_text() == "ran\n"
+    assert stale not in warm_ids(engine, project)
+    assert warm.warm_containers()[(project, "thr_a")] != stale
+    assert result["stdout"].strip() != stale[:12]  # a container's hostname is its short id
+
+
+def test_a_container_whose_root_was_made_writable_is_refused_before_its_next_command(
+    warm, engine, workspace, project, runner_id
+):
+    """RUN-5 "cannot write beside it": the read-only root is what keeps a command from
+    writing beside its workspace. Remounted writable from the host after the container
+    started (mounts can change under a running container), it is refused before the next
+    command, which runs in a new container whose root is read-only again."""
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    sandbox = sandbox_of(warm, project, "thr_a")
+    remount = ["mount", "-o", "remount,rw", "/"]
+    subprocess.run(
+        ["nsenter", "--target", str(sandbox.agent_pid), "--mount", *remount],
+        check=True,
+        capture_output=True,
+    )
+    script = "awk '$5 == \"/\" {print $6}' /proc/self/mountinfo; echo ran >> ran.txt"
+    result = shell(warm, workspace, project, "thr_a", runner_id, script)
+    assert result["stdout"].startswith("ro,")  # the root it ran under is read-only
+    assert (workspace / "ran.txt").read_text() == "ran\n"  # once, in the new container
+    assert sandbox.container_id not in warm_ids(engine, project)
+    assert warm.warm_containers()[(project, "thr_a")] != sandbox.container_id
+
+
+def test_a_container_that_fails_its_probe_again_fails_the_call_closed(
+    warm, engine, workspace, project, runner_id
+):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    workspace.chmod(0o555)  # for the old container and for any new one
+    try:
+        with pytest.raises(SandboxUnavailable, match="failed its probe"):
+            shell(warm, workspace, project, "thr_a", runner_id, "echo never > /tmp/never")
+    finally:
+        workspace.chmod(0o755)
+    assert warm.warm_containers() == {}
+    assert warm_ids(engine, project) == set()
+
+
+@pytest.mark.spec("RUN-3")
+def test_sysv_ipc_objects_do_not_survive_into_the_threads_next_call(
+    warm, workspace, project, runner_id
+):
+    """A call's SysV shared memory, message queues and semaphores, and its POSIX message
+    queues, are removed with it: the thread's next call in the same container sees none."""
+    code = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        "print(libc.shmget(0, 4096, 0o1600) >= 0, libc.msgget(0, 0o1600) >= 0, "
+        "libc.semget(0, 2, 0o1600) >= 0, "
+        "libc.mq_open(b'/left', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0)"
+    )
+    listing = "cat /proc/sysvipc/* | grep -vc key; ls /dev/mqueue"
+    made = shell(warm, workspace, project, "thr_a", runner_id, f'python3 -c "{code}"; {listing}')
+    assert made["stdout"] == "True True True True\n3\nleft\n"
+    container = warm.warm_containers()[(project, "thr_a")]
+    after = shell(warm, workspace, project, "thr_a", runner_id, listing)
+    assert after["stdout"] == "0\n"
+    assert warm.warm_containers()[(project, "thr_a")] == container
+
+
+@pytest.mark.spec("RUN-3")
+def test_a_container_left_with_ipc_objects_it_cannot_remove_is_dropped(
+    warm, engine, workspace, project, runner_id
+):
+    """What the agent cannot remove (here a segment the host's root made in the container's
+    IPC namespace) does not stay for the thread's next call: that call runs in a new
+    container, and the old one goes."""
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    sandbox = sandbox_of(warm, project, "thr_a")
+    made = "import ctypes; print(ctypes.CDLL(None).shmget(0, 4096, 0o1600))"
+    subprocess.run(
+        ["nsenter", "--target", str(sandbox.agent_pid), "--ipc", "python3", "-c", made],
+        check=True,
+        capture_output=True,
+    )
+    assert shell(warm, workspace, project, "thr_a", runner_id, "echo ok")["stdout"] == "ok\n"
+    # The segment outlived that call: the container runs no further command.
+    assert (
+        shell(warm, workspace, project, "thr_a", runner_id, "hostname")["stdout"].strip()
+        != (sandbox.container_id[:12])
+    )
+    assert sandbox.container_id not in warm_ids(engine, project)
+    assert warm.warm_containers()[(project, "thr_a")] != sandbox.container_id
 
 
 def test_a_dead_warm_container_is_discarded_never_bypassed(
@@ -411,23 +511,37 @@ def sandbox_of(warm, project, thread):
     return warm._sandboxes[(project, thread)]
 
 
-def ask_agent(sandbox, request: dict, *, close_after_send: bool = False) -> dict | None:
-    """Talk to a container's agent as the runner does; None when it answers nothing."""
+def ask_agent(
+    sandbox, request: dict, *, close_after_send: bool = False, plant: bool = True
+) -> dict | None:
+    """Talk to a container's agent as the runner does, planting the probe's token in the
+    workspace first (``plant``); None when it answers nothing."""
+    if plant and "probe" in request:
+        marker = Path(sandbox.workspace) / request["probe"]["marker"]
+        marker.write_text(request["probe"]["token"])
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(20)
         connection.connect(str(sandbox.agent_dir / "socket" / "agent.sock"))
-        body = json.dumps(request).encode()
-        connection.sendall(struct.pack(">I", len(body)) + body)
+        send_message(connection, request)
         if close_after_send:
             return None
-        header = connection.recv(4)
-        if not header:
-            return None
-        size = struct.unpack(">I", header)[0]
-        data = b""
-        while len(data) < size:
-            data += connection.recv(size - len(data))
-        return json.loads(data)
+        return read_message(connection)
+
+
+def send_message(connection: socket.socket, message: dict) -> None:
+    body = json.dumps(message).encode()
+    connection.sendall(struct.pack(">I", len(body)) + body)
+
+
+def read_message(connection: socket.socket) -> dict | None:
+    header = connection.recv(4)
+    if not header:
+        return None
+    size = struct.unpack(">I", header)[0]
+    data = b""
+    while len(data) < size:
+        data += connection.recv(size - len(data))
+    return json.loads(data)
 
 
 def ignored_signals(status_line: str) -> set[int]:
@@ -439,8 +553,17 @@ def ignored_signals(status_line: str) -> set[int]:
 
 
 def agent_request(sandbox, script: str, **overrides) -> dict:
+    token = uuid.uuid4().hex
+    parent = os.stat(Path(sandbox.workspace).parent)
+    probe = {
+        "token": token,
+        "marker": f".kestrel-probe-{token}",
+        "workspace": "/workspace",
+        "parent": [parent.st_dev, parent.st_ino],
+    }
     return {
         "key": sandbox.key,
+        "probe": probe,
         "argv": ["sh", "-c", script],
         "env": {"PATH": "/usr/bin:/bin", "HOME": "/workspace"},
         "cwd": "/workspace",
@@ -528,6 +651,22 @@ def test_a_socket_that_is_not_the_containers_agent_is_never_used(
     assert not (workspace / "never.txt").exists()
     assert warm.warm_containers() == {}
     assert warm_ids(engine, project) == set()
+
+
+def test_the_agent_runs_nothing_without_a_probe_that_passes(warm, workspace, project, runner_id):
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    sandbox = sandbox_of(warm, project, "thr_a")
+    unprobed = agent_request(sandbox, "echo ran > unprobed.txt")
+    del unprobed["probe"]
+    assert "probe_failed" in ask_agent(sandbox, unprobed)
+    # A token the runner did not plant: not the workspace the runner sees.
+    unplanted = agent_request(sandbox, "echo ran > unplanted.txt")
+    assert "probe_failed" in ask_agent(sandbox, unplanted, plant=False)
+    assert not (workspace / "unprobed.txt").exists()
+    assert not (workspace / "unplanted.txt").exists()
+    # A probed request with the runner's go runs, so the refusals above were the probe's.
+    answer = ask_agent(sandbox, agent_request(sandbox, "echo ran > probed.txt"))
+    assert answer["exit_code"] == 0 and (workspace / "probed.txt").exists()
 
 
 @pytest.mark.spec("RUN-8", "RUN-4")
