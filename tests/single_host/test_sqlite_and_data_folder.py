@@ -3,6 +3,7 @@ approvals and actions queue for the database instead of failing with "database i
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import threading
@@ -19,6 +20,7 @@ POLICY = {
     "capabilities": {
         "fs.read": {"paths": ["**"]},
         "fs.write": {"paths": ["notes/**"], "approval": "always"},
+        "shell.exec": {"limits": {"timeout_s": 30}},
     }
 }
 
@@ -70,8 +72,12 @@ def actions_url(server: Serve, name: str) -> str:
 
 def test_the_data_folder_is_private_to_its_user(server):
     data_dir = server.data_dir
-    assert "Data:    made private" in server.output and "kestrel.sqlite3" in server.output
-    assert mode_of(data_dir) == 0o700
+    # Others may pass through the folder to a workspace when the runner is root and its
+    # sandbox user is another; they never list or read anything.
+    passage = 0o711 if os.geteuid() == 0 else 0o700
+    corrected = [line for line in server.output.splitlines() if "permissions corrected" in line]
+    assert any("kestrel.sqlite3 was 0644, now 0600" in line for line in corrected), corrected
+    assert mode_of(data_dir) == passage
     for name in ("kestrel.sqlite3", "secret_key"):
         assert mode_of(data_dir / name) == 0o600, name
     for path in data_dir.iterdir():
@@ -82,7 +88,7 @@ def test_the_data_folder_is_private_to_its_user(server):
     listed = agent_post(server, f"{actions}?wait=60", {"tool": "fs.list", "args": {"path": "."}})
     assert listed.status_code == 201 and listed.json()["state"] == "succeeded", listed.text
     workspaces = data_dir / "workspaces"
-    assert mode_of(workspaces) == 0o700
+    assert mode_of(workspaces) == passage
     modes = {path.name: mode_of(path) for path in workspaces.iterdir()}
     assert modes and set(modes.values()) == {0o700}, modes
 
@@ -122,3 +128,22 @@ def test_concurrent_approvals_and_actions_get_no_server_error(server):
         action = server.call("GET", f"{actions}/{action_id}?wait=60")
         assert action["state"] == "succeeded", action
     assert "database is locked" not in server.output
+
+
+def test_a_private_folder_still_lets_bubblewrap_reach_the_workspace(tmp_path):
+    """bubblewrap starts as the sandbox user when the runner is root: the folder must let it
+    pass through to its workspace, and nothing more."""
+    data_dir = short_data_dir()
+    serve = Serve(data_dir, log_dir=tmp_path, KESTREL_SANDBOX="bubblewrap").start()
+    try:
+        assert serve.wait_until_calls_can_run()["sandbox"] == "bubblewrap"
+        serve.owner_token()
+        actions = actions_url(serve, "bubblewrap")
+        body = {"tool": "shell.exec", "args": {"argv": ["ls", "-a"]}}
+        done = agent_post(serve, f"{actions}?wait=60", body).json()
+        assert done["state"] == "succeeded" and done["result"]["exit_code"] == 0, done
+        assert done["result"]["sandbox"] == "bubblewrap"
+        assert mode_of(data_dir / "kestrel.sqlite3") == 0o600
+    finally:
+        serve.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)

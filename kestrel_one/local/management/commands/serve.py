@@ -95,9 +95,7 @@ class Command(BaseCommand):
                 if lock is not None:
                     lock.acquire()
                     for change in data_folder_make_private(paths.data_dir):
-                        self.stdout.write(
-                            f"Data:    made private (group and others could read it): {change}"
-                        )
+                        self.stdout.write(f"Data:    permissions corrected: {change}")
                 ensure_private_directory(paths.run_dir)
                 ensure_private_directory(paths.web_worker_tmp_dir)
             except (DataFolderInUse, RuntimeDirectoryError) as error:
