@@ -16,7 +16,7 @@ from kestrel_one.common.errors import Conflict
 from kestrel_one.execution import services
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.keys import control_public_key_pem
-from kestrel_one.execution.models import Action
+from kestrel_one.execution.models import Action, Approval
 from kestrel_one.execution.services import action_request, calls_sweep
 from kestrel_one.governance.selectors import policy_version_label
 from kestrel_one.governance.services import policy_publish_project
@@ -76,7 +76,7 @@ def test_an_approval_after_a_narrowing_ends_the_action_denied(world, broker):
     assert narrowed.public_id in action.error["message"]
     assert action.decision["outcome"] == "deny"
     assert action.policy_version == policy_version_label(project=world.project, mode=Mode.AGENT)
-    assert not hasattr(action, "approval") or action.approval is None
+    assert not Approval.objects.filter(action=action).exists()
     assert broker == []
     assert AuditRecord.objects.filter(action="action.redecide", outcome="deny").count() == 1
 
