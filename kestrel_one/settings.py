@@ -110,6 +110,17 @@ else:
             conn_health_checks=True,
         )
     }
+    # SQLite (the default): writers queue for the one write lock instead of failing at once
+    # with "database is locked". WAL lets readers go on beside the writer; every transaction
+    # begins IMMEDIATE, so it takes the write lock at its start and never fails upgrading a
+    # read to a write under someone else's commit; a busy one waits up to the timeout.
+    KESTREL_SQLITE_TIMEOUT_SECONDS = env_int("KESTREL_SQLITE_TIMEOUT_SECONDS", 30)
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        DATABASES["default"]["OPTIONS"] = {
+            "init_command": "PRAGMA journal_mode=WAL",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": KESTREL_SQLITE_TIMEOUT_SECONDS,
+        }
     REDIS_URL = env_str("REDIS_URL")
     # Without REDIS_URL the broker is embedded: a redis-server that `serve` runs on a Unix
     # socket in the data folder, and no TCP port (kestrel_one/local/broker.py).

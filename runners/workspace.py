@@ -83,11 +83,13 @@ def workspace_for(root: Path, project_id: str, *, quota_mb: int = 0) -> Path:
     root = Path(root).resolve(strict=True)
     workspace = root / project_id
     with contextlib.suppress(FileExistsError):
-        os.mkdir(workspace, 0o755)
+        os.mkdir(workspace, 0o700)
     if workspace.is_symlink() or not workspace.is_dir():
         raise PathRefused(str(workspace), "the workspace must be a real directory")
     if quota_mb:
         WorkspaceQuota(root).mount(project_id, quota_mb)
+    if workspace.stat().st_mode & 0o077:
+        os.chmod(workspace, 0o700)  # a project's files are for its sandbox only
     uid, gid = workspace_owner()
     if os.geteuid() == 0:
         os.chown(workspace, uid, gid, follow_symlinks=False)

@@ -17,12 +17,14 @@ from kestrel_one.execution.services import (
     APPROVAL_EXPIRED,
     action_digest,
     action_dispatch,
+    action_redecide,
+    action_redecision,
     action_scope,
     end_action,
 )
-from kestrel_one.governance.selectors import policy_version_label
+from kestrel_one.governance.selectors import policy_versions_lock
 from kestrel_one.threads.services import event_append, thread_require_open
-from policies import Mode
+from policies import DENY
 from runners.contract.canonical import digest
 
 
@@ -65,15 +67,22 @@ def _digest_intact(action: Action) -> None:
         )
 
 
-def _policy_unchanged(action: Action) -> None:
-    """The approval binds to the policy versions the action was decided under."""
-    now = policy_version_label(project=action.project, mode=Mode(action.mode))
-    if now != action.policy_version:
-        raise Conflict(
-            "The policy changed since this action was requested, so this approval would not "
-            "match what was decided; request the action again.",
-            details={"requested_under": action.policy_version, "now": now},
-        )
+def _policy_unchanged(action: Action) -> bool:
+    """The approval binds to the policy versions the action was decided under (read under
+    the policy locks). Under a new version the action is decided again: when that denies it,
+    it ends denied (False: the caller commits that, then refuses); any other new decision
+    would not be the one the person is approving, so the action must be requested again."""
+    decision = action_redecision(action)
+    if decision is None:
+        return True
+    if decision.outcome == DENY:
+        action_redecide(action, decision)
+        return False
+    raise Conflict(
+        "The policy changed since this action was requested, so this approval would not "
+        "match what was decided; request the action again.",
+        details={"requested_under": action.policy_version, "now": decision.policy_version},
+    )
 
 
 def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -> Approval:
@@ -94,11 +103,19 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
             *APPROVAL_EXPIRED,
         )
         raise Conflict("This action waited too long for approval and expired; request it again.")
-    return _decide(actor=actor, action=action, approve=approve, reason=reason)
+    approval = _decide(actor=actor, action=action, approve=approve, reason=reason)
+    if approval is None:
+        error = Action.objects.values_list("error", flat=True).get(pk=action.pk)
+        raise Conflict(error["message"], details={"state": ActionState.DENIED})
+    return approval
 
 
 @transaction.atomic
-def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
+def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | None:
+    """The decision, or None when a policy published since the request now denies the action
+    (which is then recorded as denied)."""
+    # Before the action's row, in the order a publish takes them (policy_versions_lock).
+    policy_versions_lock(action.project)
     action = (
         Action.objects.select_for_update(of=("self",))
         .select_related("thread", "project", "organization", "environment")
@@ -119,7 +136,8 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval:
         # only settles the action, so it stays possible.
         thread_require_open(thread=action.thread)
         _digest_intact(action)
-        _policy_unchanged(action)
+        if not _policy_unchanged(action):
+            return None
     decision = "approved" if approve else "denied"
     approval = Approval.objects.create(
         organization=action.organization,

@@ -28,14 +28,18 @@ from kestrel_one.common.storable import json_storable, utf8_encodable
 from kestrel_one.execution.enrollment import call_pool_for
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
+    TERMINAL_STATES,
     Action,
     ActionState,
+    Approval,
     IdempotencyKey,
     Plan,
     Receipt,
     Runner,
 )
 from kestrel_one.governance.judging import call_judge, tool_call_request
+from kestrel_one.governance.selectors import policy_version_label, policy_versions_lock
+from kestrel_one.tenancy.models import Project
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.selectors import scope_of
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
@@ -46,6 +50,7 @@ from policies import (
     INTEGER_LIMITS,
     LIMIT_NAMES,
     NEEDS_APPROVAL,
+    Decision,
     Mode,
     resolve_mode,
 )
@@ -154,6 +159,9 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
             args_digest=args_digest,
         )
     mode = Mode.AGENT if plan else resolve_mode(Mode(thread.mode), wants_plan=False)
+    # Held until the command below is signed and stored: no narrowing is published between
+    # this decision and the command that carries it.
+    policy_versions_lock(project)
     # Declared outputs are judged as fs.read of each path too (decide_call).
     judged = call_judge(
         project=project,
@@ -260,11 +268,21 @@ def action_dispatch(*, action_id: int) -> bool:
 
     For an action that became queued later (an approval), and for one whose send failed
     (the sweep); a new request signs its command as it is written (``action_request``).
-    Each signing is a new attempt. ``dispatched_at`` is set only after the broker took the
-    message, so an action whose send failed is still undispatched and the sweep sends it
-    again; the runner's single use of the call id keeps that from running twice.
+    Each signing is a new attempt, decided again first under the policy locks
+    (``action_redecide``): a version published since the action was decided may deny it or
+    want a person, and a command is only ever signed under the versions current as it is
+    signed. ``dispatched_at`` is set only after the broker took the message, so an action
+    whose send failed is still undispatched and the sweep sends it again; the runner's single
+    use of the call id keeps that from running twice.
     """
     with transaction.atomic():
+        project_id = (
+            Action.objects.filter(pk=action_id).values_list("project_id", flat=True).first()
+        )
+        if project_id is None:
+            return False
+        project = Project.objects.get(pk=project_id)
+        policy_versions_lock(project)
         action = (
             Action.objects.select_for_update(of=("self",))
             .select_related("organization", "environment", "project", "thread")
@@ -273,12 +291,111 @@ def action_dispatch(*, action_id: int) -> bool:
         )
         if action is None:
             return False
+        decision = action_redecision(action)
+        if decision is not None:
+            action_redecide(action, decision)
+            if action.state != ActionState.QUEUED:
+                return False
         action.attempt += 1
         token = _signed_command(action)
         Action.objects.filter(pk=action.pk).update(
             attempt=action.attempt, command_digest=token_digest(token)
         )
     return _command_send(action, token)
+
+
+POLICY_DENIES = "policy_denies"
+POLICY_CHANGED = "policy_changed"
+
+
+def action_redecision(action: Action) -> Decision | None:
+    """The decision the current policy versions give ``action``, or None when they are still
+    the versions it was decided under (versions are immutable, so that decision stands).
+
+    Call under ``policy_versions_lock``. The requester's token scope is not judged again: it
+    let the first decision through (a token without it is denied everything), and this one
+    asks only what the policy now says.
+    """
+    mode = Mode(action.mode)
+    if policy_version_label(project=action.project, mode=mode) == action.policy_version:
+        return None
+    _, canonical, policy_request = tool_call_request(action.tool, action.args)
+    return call_judge(
+        project=action.project,
+        principal=system_principal("redecide"),
+        mode=mode,
+        policy_request=policy_request,
+        canonical=canonical,
+    ).decision
+
+
+def action_redecide(action: Action, decision: Decision) -> None:
+    """Record ``action``'s new decision, and move it where that decision sends it.
+
+    Allowed: it stays queued under the new version (its digest binds the new version). Needs
+    approval: it waits for a person, or, when a person already approved it under the old
+    version (one approval per action, bound to that version), it is cancelled to be
+    requested again. Denied: it ends denied. The error names the version that decided.
+    """
+    version = decision.policy_version
+    state = STATE_FOR_OUTCOME[decision.outcome]
+    error = None
+    if decision.outcome == DENY:
+        error = {
+            "code": POLICY_DENIES,
+            "message": f"The policy changed since this action was decided; under {version} "
+            "it is denied: " + "; ".join(decision.reasons),
+        }
+    elif decision.outcome == NEEDS_APPROVAL and Approval.objects.filter(action=action).exists():
+        state = ActionState.CANCELLED
+        error = {
+            "code": POLICY_CHANGED,
+            "message": f"The policy changed since this action was approved; under {version} "
+            "it needs a new approval, so request it again.",
+        }
+    action.policy_version = version
+    action.decision = decision.to_dict()
+    action.limits = command_limits(decision.limits)
+    action.action_digest = action_digest(
+        scope=action_scope(action),
+        tool=action.tool,
+        args_digest=action.args_digest,
+        policy_version=version,
+    )
+    moved = Action.objects.filter(
+        pk=action.pk, state__in=[ActionState.AWAITING_APPROVAL, ActionState.QUEUED]
+    ).update(
+        state=state,
+        decision=action.decision,
+        policy_version=version,
+        limits=action.limits,
+        action_digest=action.action_digest,
+        error=error,
+        finished_at=timezone.now() if state in TERMINAL_STATES else None,
+    )
+    if not moved:
+        return
+    action.state = state
+    event_append(
+        thread=action.thread,
+        kind="action.decided",
+        action=action,
+        data={
+            "action": action.public_id,
+            "outcome": decision.outcome,
+            "reasons": list(decision.reasons),
+            "policy_version": version,
+            "again": True,
+        },
+    )
+    audit_record(
+        organization=action.organization,
+        actor=system_principal("redecide"),
+        action="action.redecide",
+        target=action,
+        outcome=decision.outcome,
+        data={"policy_version": version, "error": error},
+    )
 
 
 def _signed_command(action: Action) -> str:

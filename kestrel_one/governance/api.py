@@ -62,7 +62,7 @@ class EnvironmentPolicyViewSet(OrgScopedViewSet):
     def update(self, request, *args, **kwargs):
         environment = self.get_object()
         version = services.policy_publish_environment(
-            actor=self.principal, environment=environment, document=request.body
+            actor=self.principal, environment=environment, document=request.data
         )
         body = version_body(version, fallback_document={})
         body["projects_exceeding"] = self._projects_exceeding(environment)
@@ -104,7 +104,7 @@ class ProjectPolicyViewSet(ProjectScopedViewSet):
     @extend_schema(request=POLICY_DOCUMENT, responses={200: OpenApiTypes.OBJECT})
     def update(self, request, *args, **kwargs):
         version = services.policy_publish_project(
-            actor=self.principal, project=self.project, document=request.body
+            actor=self.principal, project=self.project, document=request.data
         )
         body = version_body(version, fallback_document={})
         body["inherits_environment"] = False

@@ -13,9 +13,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
+from django.db import connection
+
 from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.governance.models import PolicyVersion
-from kestrel_one.tenancy.models import Project
+from kestrel_one.tenancy.models import Environment, Project
 from policies import (
     CAPABILITY_NAMES,
     Mode,
@@ -143,6 +145,27 @@ def _current_versions(project) -> tuple[PolicyVersion | None, PolicyVersion | No
     )
     versions = PolicyVersion.objects.in_bulk([v for v in (env_version_id, prj_version_id) if v])
     return versions.get(env_version_id), versions.get(prj_version_id)
+
+
+def policy_versions_lock(project) -> None:
+    """Until the transaction ends, no version of ``project``'s policy can be published.
+
+    Takes the rows a publish locks, in the order it locks them (the environment, then the
+    project: ``governance.services``), so that what is done with the versions read next (an
+    approval, a signed command) happens before any narrowing or is decided under it. On
+    PostgreSQL the locks are ``FOR KEY SHARE``: deciders never wait for one another, only a
+    publish (``FOR UPDATE``) waits for them and they for it. SQLite takes none: its
+    transactions begin ``IMMEDIATE`` (settings), so a transaction that writes holds the
+    database's one write lock from its start.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("policy_versions_lock holds only inside a transaction")
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for model, pk in ((Environment, project.environment_id), (Project, project.pk)):
+            table = connection.ops.quote_name(model._meta.db_table)
+            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE", [pk])  # noqa: S608 - a model's table name
 
 
 def policy_version_label(*, project, mode: Mode, surface: str = "api") -> str:

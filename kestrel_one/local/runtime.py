@@ -12,6 +12,14 @@ with different data folders (and ports) on one host never share a file, a socket
 - ``broker/`` (mode 0700): the embedded broker's append-only file and log.
 - ``celerybeat-schedule``: the scheduler's state.
 
+The folder is this user's alone (``data_folder_make_private``): the folder and every
+directory in it 0700 (each project's workspace under ``workspaces/`` too; for a root runner
+the folder and ``workspaces/`` are 0711, so that the sandbox user reaches its workspace),
+every file in it 0600 (``kestrel.sqlite3`` and its ``-wal``/``-shm`` among them). ``serve``
+runs with umask 077, so what it and its workers create is private from the start, and at
+each start it corrects what is not (a database ``migrate`` made under umask 022, a folder
+made 0755) and says what it changed; a folder or file owned by another user is refused.
+
 A Unix socket's path may be at most 107 bytes. When the data folder's path is too long for
 the longest socket under ``run/``, ``run/`` moves to ``kestrel-<uid>-<hash of the data
 folder>`` in the system's temporary directory (mode 0700, owned by this user, refused
@@ -37,6 +45,7 @@ __all__ = [
     "RuntimeDirectoryError",
     "RuntimePaths",
     "ServeLock",
+    "data_folder_make_private",
     "die_with_parent",
     "ensure_private_directory",
     "runtime_paths",
@@ -124,6 +133,49 @@ def ensure_private_directory(path: Path) -> Path:
     if info.st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
+
+
+def data_folder_make_private(data_dir: Path) -> list[str]:
+    """Make ``data_dir`` readable by this user only; return what was changed, one line each.
+
+    The folder, each directory directly in it and each workspace under ``workspaces/``
+    become 0700, each file directly in it 0600 (the database among them); deeper entries are
+    behind those. Symbolic links and sockets are left alone (``run/`` is checked apart).
+
+    A root runner runs sandboxed commands as ``SANDBOX_UID``, which opens its own workspace
+    (bubblewrap starts as that user): the folder and ``workspaces/`` are then 0711, which
+    lets others pass through to a name they know but list or read nothing. Raises
+    ``RuntimeDirectoryError`` for an entry this user cannot change (another user's).
+    """
+    data_dir = Path(data_dir)
+    workspaces = data_dir / "workspaces"
+    workspaces.mkdir(exist_ok=True)
+    passage = 0o711 if os.geteuid() == 0 else 0o700
+    entries = [data_dir, *sorted(data_dir.iterdir())]
+    if not workspaces.is_symlink():
+        entries += sorted(workspaces.iterdir())
+    changed = []
+    for path in entries:
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode):
+            private = passage if path in (data_dir, workspaces) else 0o700
+        elif stat.S_ISREG(info.st_mode):
+            private = 0o600
+        else:
+            continue
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077 == private & 0o077:
+            continue
+        try:
+            os.chmod(path, private, follow_symlinks=False)
+        except PermissionError:
+            raise RuntimeDirectoryError(
+                f"{path} (mode {mode:04o}) belongs to another user, who can read it, and this "
+                "user cannot make it private; give the data folder to this user or set "
+                "KESTREL_DATA_DIR to another folder"
+            ) from None
+        changed.append(f"{path} was {mode:04o}, now {private:04o}")
+    return changed
 
 
 class ServeLock:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from runners.contract.errors import PathRefused
 
-__all__ = ["split_relative_path"]
+__all__ = ["MAX_NAME_BYTES", "split_relative_path"]
+
+# A file name's limit on every filesystem the runner writes to (NAME_MAX), in UTF-8 bytes.
+MAX_NAME_BYTES = 255
 
 
 def split_relative_path(path: str) -> tuple[str, ...]:
@@ -31,4 +34,14 @@ def split_relative_path(path: str) -> tuple[str, ...]:
         raise PathRefused(path, "'..' is refused; paths cannot climb out of the workspace")
     if "" in parts or "." in parts:
         raise PathRefused(path, "write the path without '//', './' or a trailing '/'")
+    for part in parts:
+        try:
+            size = len(part.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise PathRefused(path, "paths must be valid Unicode (no lone surrogates)") from None
+        if size > MAX_NAME_BYTES:
+            raise PathRefused(
+                path,
+                f"each name in a path may hold {MAX_NAME_BYTES} bytes (UTF-8); one holds {size}",
+            )
     return parts

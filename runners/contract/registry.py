@@ -41,8 +41,27 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
 _VALIDATORS = {
     name: jsonschema.Draft202012Validator(spec.input_schema) for name, spec in TOOLS.items()
 }
-for _validator in _VALIDATORS.values():
+
+
+def _prefix_items_keep_item_rules(schema: Any, where: str) -> None:
+    """In JSON Schema 2020-12 ``items`` no longer applies to the positions ``prefixItems``
+    describes, so a prefix entry that drops a rule lets that position escape it (an
+    ``argv[0]`` with NUL or a megabyte). Every entry must repeat every item rule."""
+    if isinstance(schema, Mapping):
+        items = schema.get("items")
+        for index, entry in enumerate(schema.get("prefixItems", ())):
+            if isinstance(items, Mapping) and not entry.items() >= items.items():
+                raise TypeError(f"{where}: prefixItems[{index}] drops rules of items")
+        for key, value in schema.items():
+            _prefix_items_keep_item_rules(value, f"{where}.{key}")
+    elif isinstance(schema, list):
+        for index, value in enumerate(schema):
+            _prefix_items_keep_item_rules(value, f"{where}[{index}]")
+
+
+for _name, _validator in _VALIDATORS.items():
     _validator.check_schema(_validator.schema)
+    _prefix_items_keep_item_rules(_validator.schema, _name)
 
 
 def get_tool(name: str) -> ToolSpec:

@@ -127,14 +127,17 @@ def _python_request(args: Mapping[str, Any]) -> Request:
     return Request(capability="code.exec", limits=timeout_limits(args))
 
 
+_ARGUMENT = {"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": NO_NUL}
+
 _SHELL_SCHEMA = object_schema(
     {
         "argv": {
             "type": "array",
             "minItems": 1,
             "maxItems": MAX_ARGV_ITEMS,
-            "prefixItems": [{"type": "string", "minLength": 1}],
-            "items": {"type": "string", "maxLength": MAX_ARG_CHARS, "pattern": NO_NUL},
+            # prefixItems replaces items for argv[0]: it repeats every item rule (registry).
+            "prefixItems": [{**_ARGUMENT, "minLength": 1}],
+            "items": _ARGUMENT,
         },
         "script": {
             "type": "string",

@@ -19,6 +19,7 @@ from kestrel_one.local.runtime import (
     RuntimeDirectoryError,
     RuntimePaths,
     ServeLock,
+    data_folder_make_private,
     ensure_private_directory,
     runtime_paths,
 )
@@ -72,6 +73,10 @@ class Command(BaseCommand):
                 f"Refusing to listen on {host}: in single-host mode a non-loopback address needs "
                 "KESTREL_SERVER_TOKEN, so that callers from other machines must present it."
             )
+        if settings.SINGLE_HOST:
+            # The data folder holds the database, keys and workspaces: whatever serve and its
+            # workers create in it is this user's alone (kestrel_one/local/runtime.py).
+            os.umask(0o077)
         paths = runtime_paths(settings.KESTREL_DATA_DIR)
         if settings.HOSTED and not broker_status(fresh=True).reachable:
             raise CommandError(
@@ -89,6 +94,8 @@ class Command(BaseCommand):
             try:
                 if lock is not None:
                     lock.acquire()
+                    for change in data_folder_make_private(paths.data_dir):
+                        self.stdout.write(f"Data:    permissions corrected: {change}")
                 ensure_private_directory(paths.run_dir)
                 ensure_private_directory(paths.web_worker_tmp_dir)
             except (DataFolderInUse, RuntimeDirectoryError) as error:
