@@ -360,6 +360,10 @@ KESTREL_SIGNING_KEY_FILE = Path(
 if HOSTED and not env_str("KESTREL_SIGNING_KEY_FILE"):
     raise ImproperlyConfigured("KESTREL_MODE=hosted requires KESTREL_SIGNING_KEY_FILE to be set")
 KESTREL_DEFAULT_POOL = env_str("KESTREL_DEFAULT_POOL", "default")
+# The exact arguments of a call not ended yet (to sign its command, and to mask its own
+# environment values in its output) are kept encrypted with a key derived from this (or from
+# SECRET_KEY when unset), and erased when the call ends (docs/records.md, "Redaction").
+KESTREL_ARGUMENT_ENCRYPTION_KEY = env_str("KESTREL_ARGUMENT_ENCRYPTION_KEY")
 # How long a signed command stays valid for a runner to pick it up.
 KESTREL_COMMAND_TTL_SECONDS = env_int("KESTREL_COMMAND_TTL_SECONDS", 120)
 # The longest a call may run on a runner; runners use the same value for their broker

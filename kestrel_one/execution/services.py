@@ -23,6 +23,8 @@ from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status, broker_unavailable_message
 from kestrel_one.common.errors import ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
+from kestrel_one.common.redaction import redact, redact_result, write_only_values
+from kestrel_one.execution.arguments import action_arguments, arguments_sealed, arguments_shown
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
     Action,
@@ -163,6 +165,9 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         thread=thread,
     )
     flags = injection_flags(canonical)
+    # Stored and shown redacted (CRED-1); the exact arguments are signed into the command and
+    # kept sealed until the call ends, never for a denied one (execution.arguments).
+    shown = arguments_shown(canonical)
     # Checked again under the thread's lock: the thread may have ended since it was read.
     thread_require_open(thread=thread)
     action = Action(
@@ -171,7 +176,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         project=project,
         thread=thread,
         tool=tool_spec.name,
-        args=canonical,
+        args=shown,
+        sealed_args="" if decision.outcome == DENY else arguments_sealed(canonical, shown),
         args_digest=args_digest,
         action_digest=action_digest(
             scope=scope,
@@ -181,7 +187,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         ),
         mode=mode.value,
         state=STATE_FOR_OUTCOME[decision.outcome],
-        decision=decision.to_dict(),
+        # Reasons may quote an argument (a path, a command).
+        decision=redact(decision.to_dict()),
         policy_version=decision.policy_version,
         limits=command_limits(decision.limits),
         requested_by=actor.actor_id,
@@ -196,7 +203,7 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     if action.state == ActionState.QUEUED:
         # Signed now, from the row being written, so that after commit dispatch only sends.
         action.attempt = 1
-        command = _signed_command(action)
+        command = _signed_command(action, args=canonical)
         action.command_digest = token_digest(command)
     action.save(force_insert=True)
     event_append(
@@ -260,15 +267,15 @@ def action_dispatch(*, action_id: int) -> bool:
         if action is None:
             return False
         action.attempt += 1
-        token = _signed_command(action)
+        token = _signed_command(action, args=action_arguments(action))
         Action.objects.filter(pk=action.pk).update(
             attempt=action.attempt, command_digest=token_digest(token)
         )
     return _command_send(action, token)
 
 
-def _signed_command(action: Action) -> str:
-    """The command token for ``action``'s current attempt."""
+def _signed_command(action: Action, *, args: dict) -> str:
+    """The command token for ``action``'s current attempt, carrying the exact ``args``."""
     return sign_command(
         {
             "iss": COMMAND_ISSUER,
@@ -276,7 +283,7 @@ def _signed_command(action: Action) -> str:
             "jti": action.public_id,
             **action_scope(action),
             "tool": action.tool,
-            "args": action.args,
+            "args": args,
             "args_digest": action.args_digest,
             "policy_version": action.policy_version,
             "limits": action.limits,
@@ -447,9 +454,16 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     # Output past the inline cap and checkpoint archives become artifacts; the action and
     # its receipt keep the inline part and a reference (docs/records.md). Only for an
     # action still in flight: a report on one that already finished changes nothing there.
+    # Redacted as received, before it is stored anywhere (CRED-1): the action, its receipt,
+    # events, audit and artifacts all keep this copy; the call's own environment values are
+    # masked wherever the tool printed them. Digests in the result (sha256 of files) stay
+    # those of the real content.
+    known = write_only_values(action_arguments(action))
     result = report.result
     if action.state in (ActionState.QUEUED, ActionState.RUNNING):
-        result = artifacts_capture(action=action, result=result)
+        result = artifacts_capture(action=action, result=result, known=known)
+    result = redact_result(result, known=known)
+    error = redact_result(report.error, known=known)
     state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
     # Tool output is untrusted data: flagged for people, never read as an instruction.
     output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}
@@ -462,7 +476,8 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         runner=runner,
         finished_at=now,
         result=result,
-        error=report.error,
+        error=error,
+        sealed_args="",
         started_at=_reported_start(report, now) if never_started else action.started_at or now,
         flags=sorted(set(action.flags) | output_flags),
     )
@@ -481,7 +496,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         scope=action_scope(action),
         outcome=report.outcome,
         result=result,
-        error=report.error,
+        error=error,
         policy_version=action.policy_version,
         decision=action.decision,
         runner=runner.public_id,
@@ -499,7 +514,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
             "action": action.public_id,
             "state": state,
             "receipt": receipt.public_id,
-            "error": report.error,
+            "error": error,
             "exit_code": (report.result or {}).get("exit_code"),
             "flags": sorted(output_flags),
         },
@@ -510,7 +525,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         action="action.finish",
         target=action,
         outcome=state,
-        data={"receipt": receipt.public_id, "error": report.error},
+        data={"receipt": receipt.public_id, "error": error},
     )
     return state
 
@@ -570,7 +585,7 @@ def end_action(action: Action, from_state: str, to_state: str, code: str, messag
     """Move an action to a terminal state with an error, once (a conditional update)."""
     error = {"code": code, "message": message}
     moved = Action.objects.filter(pk=action.pk, state=from_state).update(
-        state=to_state, error=error, finished_at=timezone.now()
+        state=to_state, error=error, finished_at=timezone.now(), sealed_args=""
     )
     if moved:
         event_append(
