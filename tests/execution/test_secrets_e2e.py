@@ -66,6 +66,9 @@ SCRIPT = (
 def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend):
     with django_db_blocker.unblock():
         database = connection.settings_dict
+    # The test reads every key: start from an empty broker and call state, not from what an
+    # earlier run (or an older runner) left.
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
     with real_workers(
         tmp_path_factory.mktemp("runner"), runner_id=RUNNER_ID, database=database
     ) as files:
