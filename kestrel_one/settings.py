@@ -388,6 +388,11 @@ if HOSTED and not KESTREL_RUNNER_BROKER_USERS:
         "KESTREL_RUNNER_BROKER_USERS=0 is refused in hosted mode: without a broker user of "
         "its own, a revoked runner could still take commands. Use a Redis with ACLs (6+)."
     )
+
+# The exact arguments of a call not ended yet (to sign its command, and to mask its own
+# environment values in its output) are kept encrypted with a key derived from this (or from
+# SECRET_KEY when unset), and erased when the call ends (docs/records.md, "Redaction").
+KESTREL_ARGUMENT_ENCRYPTION_KEY = env_str("KESTREL_ARGUMENT_ENCRYPTION_KEY")
 # How long a signed command stays valid for a runner to pick it up.
 KESTREL_COMMAND_TTL_SECONDS = env_int("KESTREL_COMMAND_TTL_SECONDS", 120)
 # The longest a call may run on a runner; runners use the same value for their broker

@@ -9,10 +9,19 @@ a copy. What makes that safe is two keys per call id (the command's ``jti``):
   ``lease_until``, pushed forward by a heartbeat while the tool runs. A lease whose
   ``lease_until`` has passed belongs to a worker that died mid-call.
 - ``kestrel:result:<jti>``, the signed *finished* report, stored before it is sent, so a
-  redelivered command gets the same report again instead of a second run.
+  redelivered command gets the same report again instead of a second run. The report
+  carries the call's output, so it is kept only until it is handed on: once the broker took
+  it for the control plane's queue (acknowledged late there, so it survives a control worker
+  that dies), it is replaced by ``reported:<digest>``, which says the call ended and its
+  report went out, and holds nothing of the output (``mark_reported``). A report that could
+  not be sent is kept at most ``RESULT_RETENTION_SECONDS``, its own lifetime: the control
+  plane refuses it after that anyway.
 
-Both are kept for ``RETENTION_SECONDS`` (7 days), far longer than a command may live, so a
-replay always finds them. Leases compare wall clocks across hosts; keep runners on NTP.
+The lease and the ``reported`` marker are kept ``RETENTION_SECONDS``: longer than any command
+token can be valid (``MAX_COMMAND_LIFETIME_SECONDS``), so no copy of a command can find the
+call id unclaimed while it could still verify. A redelivered copy arriving after that is
+refused as expired, and the control plane's sweep ends the call. Leases compare wall clocks
+across hosts; keep runners on NTP.
 
 One more key is not about a call: ``kestrel:thread-ended:<prj>:<thr>``, set when a verified
 ``thread.end`` control message arrives, so that every worker process of every host of the
@@ -36,9 +45,18 @@ from typing import Any
 
 import redis
 
+from runners.contract.canonical import token_digest
+from runners.contract.tokens import (
+    LEEWAY_SECONDS,
+    MAX_COMMAND_LIFETIME_SECONDS,
+    RESULT_LIFETIME_SECONDS,
+)
+
 __all__ = [
     "HEARTBEAT_SECONDS",
     "LEASE_SECONDS",
+    "REPORTED_PREFIX",
+    "RESULT_RETENTION_SECONDS",
     "RETENTION_SECONDS",
     "THREAD_ENDED_SECONDS",
     "CallState",
@@ -52,7 +70,9 @@ __all__ = [
 # worker's lease already expired and is recovered rather than dropped.
 HEARTBEAT_SECONDS = 2.0
 LEASE_SECONDS = 15.0
-RETENTION_SECONDS = 7 * 24 * 3600
+RETENTION_SECONDS = MAX_COMMAND_LIFETIME_SECONDS + 2 * LEEWAY_SECONDS + 60
+RESULT_RETENTION_SECONDS = RESULT_LIFETIME_SECONDS
+REPORTED_PREFIX = "reported:"
 # Longer than any call of the thread that was already queued could still arrive (command
 # lifetime plus a crash redelivery) and than any warm container could idle.
 THREAD_ENDED_SECONDS = 24 * 3600
@@ -109,12 +129,14 @@ class CallState:
         lease_seconds: float = LEASE_SECONDS,
         retention_seconds: int = RETENTION_SECONDS,
         namespace: str = DEFAULT_NAMESPACE,
+        result_retention_seconds: int = RESULT_RETENTION_SECONDS,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.worker = worker
         self.lease_seconds = lease_seconds
         self.retention_seconds = retention_seconds
+        self.result_retention_seconds = result_retention_seconds
         self._compare_and_set = client.register_script(_COMPARE_AND_SET)
 
     def lease(self, call_id: str) -> Lease | None:
@@ -123,7 +145,8 @@ class CallState:
         return None if value is None else Lease.decode(value)
 
     def stored_result(self, call_id: str) -> str | None:
-        """The signed finished report of ``call_id``, if the call already ended."""
+        """The signed finished report of ``call_id``, if the call already ended; once that
+        report went out, ``reported:<digest>`` instead (``is_reported``)."""
         value = self.client.get(self._key(_RESULT_KEY, call_id))
         return None if value is None else value.decode("ascii")
 
@@ -170,9 +193,20 @@ class CallState:
         discarded so the call still has exactly one.
         """
         key = self._key(_RESULT_KEY, call_id)
-        if self.client.set(key, token, nx=True, ex=self.retention_seconds):
+        if self.client.set(key, token, nx=True, ex=self.result_retention_seconds):
             return token
         return self.stored_result(call_id) or token
+
+    def mark_reported(self, call_id: str, token: str) -> None:
+        """The finished report ``token`` went out: keep that, not the report (its output).
+
+        Only the report stored for the call is replaced (compare and set), and the marker
+        lives as long as the lease, so a later copy of the command still runs nothing.
+        """
+        key = self._key(_RESULT_KEY, call_id)
+        self._compare_and_set(
+            keys=[key], args=[token, REPORTED_PREFIX + token_digest(token), self.retention_seconds]
+        )
 
     def mark_thread_ended(self, project: str, thread: str) -> None:
         """Record that ``thread`` ended (from a verified control message)."""
@@ -232,3 +266,8 @@ class LeaseKeeper:
                 self.lost = True
                 return
             self.lease = renewed
+
+
+def is_reported(stored: str) -> bool:
+    """Whether a stored result is the marker of a report that already went out."""
+    return stored.startswith(REPORTED_PREFIX)

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from runners import dispatch
-from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper
+from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper, is_reported
 from runners.config import RunnerConfig
 from runners.contract.canonical import token_digest
 from runners.contract.errors import RunnerError
@@ -63,6 +63,7 @@ class Disposition(enum.StrEnum):
     REFUSED = "refused"  # verification failed; nothing happened
     RAN = "ran"  # claimed and ran the tool
     RESENT = "resent"  # the call had ended; its stored result was sent again
+    REPORTED = "reported"  # the call had ended and its report already went out; dropped
     REPLAYED = "replayed"  # another worker holds a live lease; this copy was dropped
     RERAN = "reran"  # a dead worker's idempotent call was run again
     LOST = "lost"  # a dead worker's non-idempotent call was ended runner_lost
@@ -224,9 +225,12 @@ class Runner:
         deadline = time.monotonic() + self.state.lease_seconds + 2 * HEARTBEAT_SECONDS
         while True:
             stored = self.state.stored_result(command.jti)
+            if stored is not None and is_reported(stored):
+                self._log("result_already_reported", call_id=command.jti, attempt=command.attempt)
+                return Disposition.REPORTED
             if stored is not None:
                 self._log("result_resent", call_id=command.jti, attempt=command.attempt)
-                self.report(stored)
+                self._send_finished(command, stored)
                 return Disposition.RESENT
             lease = self.state.claim(
                 command.jti, attempt=command.attempt, command_digest=command.command_digest
@@ -278,7 +282,7 @@ class Runner:
             ),
         }
         token = self._finished(command, outcome="failed", result=None, error=error)
-        self.report(self._store(command, token))
+        self._send_finished(command, self._store(command, token))
         return Disposition.LOST
 
     # --- running ----------------------------------------------------------------------
@@ -307,7 +311,7 @@ class Runner:
         if keeper.lost:
             self._log("lease_lost", level=logging.WARNING, call_id=command.jti)
         self._log("call_finished", call_id=command.jti, outcome=outcome, tool=command.tool)
-        self.report(final)
+        self._send_finished(command, final)
 
     def _execute(
         self, command: Command
@@ -441,6 +445,20 @@ class Runner:
     def _store(self, command: Command, token: str) -> str:
         """Store the finished report; the first one stored for a call is the only one."""
         return self.state.store_result(command.jti, token)
+
+    def _send_finished(self, command: Command, token: str) -> None:
+        """Send the call's one finished report, then forget its content (callstate).
+
+        A worker that stalled past its lease finds another's report already sent: it sends
+        nothing. Should forgetting fail, the report expires with its own lifetime.
+        """
+        if is_reported(token):
+            return
+        self.report(token)
+        try:
+            self.state.mark_reported(command.jti, token)
+        except redis.RedisError as error:
+            self._log("infrastructure_error", level=logging.ERROR, error=type(error).__name__)
 
     def _log(self, event: str, *, level: int = logging.INFO, **fields: Any) -> None:
         record = {"event": event, "runner": self.config.runner_id, **fields}

@@ -97,3 +97,21 @@ class PublicIdRelatedField(serializers.SlugRelatedField):
                 f"no {self.noun} {echo(data)} in {self.within}", code="does_not_exist"
             )
         return found
+
+
+class RedactedSerializer(serializers.ModelSerializer):
+    """A model serializer whose free-form fields leave through the one redaction path.
+
+    What is stored was redacted when it was received (kestrel_one.common.redaction); this is
+    the second pass on the way out, so a rule added later also covers older rows (CRED-1).
+    ``redacted_fields`` maps a field name to the redaction that applies to it.
+    """
+
+    redacted_fields: dict = {}
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        for name, redaction in self.redacted_fields.items():
+            if name in data and data[name] is not None:
+                data[name] = redaction(data[name])
+        return data

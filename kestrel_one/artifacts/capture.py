@@ -17,7 +17,7 @@ from kestrel_one.artifacts.models import ArtifactKind, Checkpoint
 from kestrel_one.artifacts.services import artifact_create
 from kestrel_one.artifacts.storage import sha256_of
 from kestrel_one.common.ids import new_public_id
-from kestrel_one.common.redaction import redact_text
+from kestrel_one.common.redaction import redact_result
 from runners.contract.arguments import (
     MAX_OUTPUT_FILE_BYTES,
     MAX_OUTPUTS_TOTAL_BYTES,
@@ -35,14 +35,15 @@ OUTPUT_STREAMS = ("stdout", "stderr")
 OUTPUT_RUNNER_ERRORS = frozenset({"not_found", "too_large", "path_refused", "wrong_file_type"})
 
 
-def artifacts_capture(*, action, result):
+def artifacts_capture(*, action, result, known: list[str] | tuple[str, ...] = ()):
     """Move what is too large for an action's result into artifacts; return the result to keep.
 
     Called once by ``report_ingest`` while it holds the action's row lock, before the result
     is stored on the action and its receipt. Output past the inline cap is kept whole (after
-    redaction) as an artifact, the result keeps its first bytes and a marker naming the
-    artifact. A checkpoint's archive becomes a checkpoint artifact and never stays in the
-    result. The caller (``report_ingest``) calls it only for an action still in flight.
+    redaction, ``known`` being the call's write-only values) as an artifact, the result
+    keeps its first bytes and a marker naming the artifact. A checkpoint's archive becomes a
+    checkpoint artifact and never stays in the result. The caller (``report_ingest``) calls
+    it only for an action still in flight.
     """
     if not isinstance(result, dict):
         return result
@@ -55,8 +56,9 @@ def artifacts_capture(*, action, result):
         text = result.get(stream)
         if not isinstance(text, str) or len(text.encode()) <= cap:
             continue
-        # Artifacts are secret-free like every other record (CRED-1): redacted before stored.
-        clean = redact_text(text).encode()
+        # Artifacts are secret-free like every other record (CRED-1): redacted before stored,
+        # by the same path as the result that stays inline.
+        clean = redact_result(text, known=known).encode()
         artifact = artifact_create(
             project=action.project,
             thread=action.thread,
@@ -72,7 +74,7 @@ def artifacts_capture(*, action, result):
     if stored:
         kept["artifacts"] = stored
     if "outputs" in result:
-        kept["outputs"] = _outputs_capture(action=action, reported=result["outputs"])
+        kept["outputs"] = _outputs_capture(action=action, reported=result["outputs"], known=known)
     return kept
 
 
@@ -90,7 +92,7 @@ def _cut_note(result: dict, stream: str, stored: int, artifact_id: str) -> str:
     return f"truncated: {stored} bytes in all; the full text is artifact {artifact_id}"
 
 
-def _outputs_capture(*, action, reported) -> list[dict]:
+def _outputs_capture(*, action, reported, known=()) -> list[dict]:
     """Keep each declared output file a runner returned as a ``file`` artifact.
 
     The report is untrusted until checked: only paths the action declared are taken, each
@@ -124,7 +126,7 @@ def _outputs_capture(*, action, reported) -> list[dict]:
             kept.append({"path": path, "error": content})
             continue
         remaining -= len(content)
-        stored, redacted = _output_stored_bytes(content)
+        stored, redacted = _output_stored_bytes(content, known=known)
         artifact = artifact_create(
             project=action.project,
             thread=action.thread,
@@ -176,14 +178,14 @@ def _output_content(entry: dict, remaining: int) -> bytes | str:
     return content
 
 
-def _output_stored_bytes(content: bytes) -> tuple[bytes, bool]:
+def _output_stored_bytes(content: bytes, *, known=()) -> tuple[bytes, bool]:
     """What to store for an output file, and whether redaction changed it."""
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
         # Binary: stored as is (like checkpoint archives), readable only as an attachment.
         return content, False
-    clean = redact_text(text).encode()
+    clean = redact_result(text, known=known).encode()
     return clean, clean != content
 
 

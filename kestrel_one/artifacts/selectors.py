@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
+from typing import Any
 
 from django.apps import apps
+from django.db.models import Min
 from django.utils import timezone
 
 from kestrel_one.artifacts.models import Artifact, Checkpoint, OrganizationRetention, ShareLink
 from kestrel_one.artifacts.services import SHARE_TOKEN_PREFIX, share_token_hash
+from kestrel_one.common.ids import PREFIXES
 from kestrel_one.common.redaction import bounded
 from kestrel_one.tenancy.models import Project
 from kestrel_one.threads.models import ThreadEvent
@@ -19,6 +23,66 @@ REPLAY_RESULT_MAX_BYTES = 8192
 REPLAY_SMALL_MAX_BYTES = 2048
 REPLAY_PAGE_DEFAULT = 500
 REPLAY_PAGE_MAX = 1000
+
+# What a share link shows (TEN-6) is built from allowlists: a field is shown only once it is
+# named here, so a field added to a record later stays out of shared views by default. No
+# id of a person, token, runner, organization, project, thread, record or policy version is
+# among them; within a shared replay an action is referred to by ``action_ref``, the sequence
+# number of its first event in the thread.
+SHARED_THREAD_FIELDS = ("title", "mode", "created_at", "last_event")
+SHARED_EVENT_DATA_FIELDS = frozenset(
+    {
+        "tool",
+        "args_digest",
+        "mode",
+        "flags",
+        "outcome",
+        "reasons",
+        "state",
+        "exit_code",
+        "error",
+        "attempt",
+        "accepted",
+        "steps",
+    }
+)
+SHARED_ACTION_FIELDS = (
+    "tool",
+    "args",
+    "args_digest",
+    "action_digest",
+    "mode",
+    "state",
+    "decision",
+    "approval",
+    "flags",
+    "result",
+    "error",
+    "created_at",
+    "finished_at",
+)
+SHARED_DECISION_FIELDS = ("outcome", "capability", "reasons")
+SHARED_APPROVAL_FIELDS = ("decision", "reason", "at")
+SHARED_RECEIPT_FIELDS = (
+    "tool",
+    "args",
+    "args_digest",
+    "action_digest",
+    "outcome",
+    "result",
+    "error",
+    "sandbox",
+    "started_at",
+    "finished_at",
+)
+SHARED_ARTIFACT_FIELDS = ("kind", "name", "content_type", "size", "sha256", "created_at")
+SHARED_CHECKPOINT_FIELDS = ("sha256", "size", "files", "bytes", "created_at")
+# Free text inside shown fields (a result's output, an error message, a reason) may still
+# quote an id; in a shared view it is replaced by this.
+SHARED_ID_MASK = "[id]"
+_ANY_PUBLIC_ID = re.compile(
+    r"(?:%s)_[0-9A-Z]{26}" % "|".join(sorted(PREFIXES))  # noqa: UP031
+)
 
 
 def visible_projects(*, principal, organization):
@@ -57,6 +121,22 @@ def retention_for(organization) -> OrganizationRetention:
     ).first() or OrganizationRetention(organization=organization)
 
 
+def _only(projection: dict, fields) -> dict:
+    return {name: projection[name] for name in fields if name in projection}
+
+
+def shared_view(value: Any) -> Any:
+    """``value`` with every public id in its strings masked: the last step of every shared
+    projection, after the allowlists, for ids quoted in free text."""
+    if isinstance(value, dict):
+        return {key: shared_view(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [shared_view(item) for item in value]
+    if isinstance(value, str):
+        return _ANY_PUBLIC_ID.sub(SHARED_ID_MASK, value)
+    return value
+
+
 def artifact_projection(artifact: Artifact, *, shared: bool = False) -> dict:
     projection = {
         "id": artifact.public_id,
@@ -67,8 +147,9 @@ def artifact_projection(artifact: Artifact, *, shared: bool = False) -> dict:
         "sha256": artifact.sha256,
         "created_at": artifact.created_at,
     }
-    if not shared:
-        projection.update(_provenance(artifact))
+    if shared:
+        return shared_view(_only(projection, SHARED_ARTIFACT_FIELDS))
+    projection.update(_provenance(artifact))
     return projection
 
 
@@ -92,8 +173,9 @@ def checkpoint_projection(checkpoint: Checkpoint, *, shared: bool = False) -> di
         "bytes": checkpoint.content_bytes,
         "created_at": checkpoint.created_at,
     }
-    if not shared:
-        projection.update(_provenance(checkpoint))
+    if shared:
+        return _only(projection, SHARED_CHECKPOINT_FIELDS)
+    projection.update(_provenance(checkpoint))
     return projection
 
 
@@ -105,9 +187,9 @@ def thread_replay(
 
     Events are the spine: actions appear in the order their first event does, receipts in
     the order of the event that recorded them, so reading a finished thread twice gives the
-    same sequence. Pages follow ``after`` like the events endpoint. ``shared`` leaves out
-    everything that names the thread's surroundings (project, environment, organization,
-    requesters), for a share link that grants the thread alone (TEN-6).
+    same sequence. Pages follow ``after`` like the events endpoint. ``shared`` is for a
+    share link that grants the thread alone (TEN-6): only the allowlisted fields
+    (``SHARED_*_FIELDS``) and no id at all, actions referred to by ``action_ref``.
     """
     limit = max(1, min(limit, REPLAY_PAGE_MAX))
     events = list(
@@ -162,6 +244,8 @@ def thread_replay(
         ],
         "next_after": events[-1].sequence if more else None,
     }
+    if shared:
+        replay = _shared_replay(replay, thread=thread, action_ids=action_order)
     if not more:
         replay["artifacts"] = [
             artifact_projection(artifact, shared=shared)
@@ -175,9 +259,57 @@ def thread_replay(
                 "artifact", "project", "thread", "action"
             ).order_by("public_id")
         ]
-    if not shared:
-        replay["thread"]["project"] = thread.project.public_id
+    if shared:
+        return shared_view(replay)
+    replay["thread"]["project"] = thread.project.public_id
     return replay
+
+
+def _shared_replay(replay: dict, *, thread, action_ids: list[int]) -> dict:
+    """The replay's allowlisted fields, each action named by its ``action_ref``."""
+    firsts = dict(
+        ThreadEvent.objects.filter(thread=thread, action_id__in=action_ids)
+        .values("action_id")
+        .annotate(first=Min("sequence"))
+        .values_list("action_id", "first")
+    )
+    refs = {public_id: firsts.get(pk) for pk, public_id in _public_ids(thread, action_ids).items()}
+    return {
+        "thread": _only(replay["thread"], SHARED_THREAD_FIELDS),
+        "first_sequence": replay["first_sequence"],
+        "events": [
+            {
+                "sequence": event["sequence"],
+                "kind": event["kind"],
+                "action_ref": refs.get(event["action"]),
+                "data": _only(event["data"], SHARED_EVENT_DATA_FIELDS)
+                if isinstance(event["data"], dict)
+                else None,
+                "created_at": event["created_at"],
+            }
+            for event in replay["events"]
+        ],
+        "actions": [
+            {
+                "action_ref": refs.get(action["id"]),
+                **_only(action, SHARED_ACTION_FIELDS),
+                "decision": _only(action["decision"] or {}, SHARED_DECISION_FIELDS),
+                "approval": _only(action["approval"], SHARED_APPROVAL_FIELDS)
+                if action["approval"]
+                else None,
+            }
+            for action in replay["actions"]
+        ],
+        "receipts": [
+            {"action_ref": refs.get(receipt["call_id"]), **_only(receipt, SHARED_RECEIPT_FIELDS)}
+            for receipt in replay["receipts"]
+        ],
+        "next_after": replay["next_after"],
+    }
+
+
+def _public_ids(thread, action_ids: list[int]) -> dict[int, str]:
+    return dict(thread.actions.filter(pk__in=action_ids).values_list("pk", "public_id"))
 
 
 def _event_projection(event) -> dict:

@@ -19,20 +19,35 @@ or by decoding it (layer 3) when the decoded bytes are themselves a recognisable
 
 ``bounded`` then keeps the result under a size budget, shrinking long strings, lists and
 dicts with an explicit ``[truncated]`` marker rather than silently dropping data.
+
+A tool call's arguments and its runner's result go through ``redact_arguments`` and
+``redact_result`` when they are *received*, before anything is stored (CRED-1), so every
+projection built from the stored rows (actions, receipts, plans, events, replay, audit,
+webhooks, artifacts) starts from redacted data; serializers redact again on the way out,
+because redaction rules only ever grow. Write-only arguments (``WRITE_ONLY_ARGUMENTS``: the
+environment overlay) keep no value at all, only a keyed ``fingerprint``. Digests are the
+exception by design: ``args_digest`` and the receipt's digests are over the exact values
+that were signed and run (docs/records.md, "Redaction and digests").
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import math
 import re
 from collections import Counter
+from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote
 
 import structlog
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.conf import settings
 
 from kestrel_one.common.ids import PREFIXES
 
@@ -258,6 +273,91 @@ def _mask_keyed(item: Any) -> Any:
     if item is None or isinstance(item, bool) or item in ("", [], {}):
         return item
     return MASK
+
+
+# Arguments whose values are write-only: a mapping of names to values (the environment
+# overlay of shell.exec and code.python) is kept and shown as its names and a fingerprint
+# of each value. The runner still gets the values, in the signed command.
+WRITE_ONLY_ARGUMENTS = frozenset({"env"})
+FINGERPRINT_PREFIX = "sha256:"
+_FINGERPRINT = re.compile(r"sha256:[0-9a-f]{16}")
+_FINGERPRINT_PURPOSE = b"kestrel-one write-only value fingerprints v1"
+
+
+@lru_cache(maxsize=4)
+def _fingerprint_key(root: str) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_FINGERPRINT_PURPOSE).derive(
+        root.encode()
+    )
+
+
+def fingerprint(value: str) -> str:
+    """What may be kept and shown instead of a write-only value: enough to tell two values
+    apart (``sha256:`` and 16 hex digits of an HMAC keyed from ``SECRET_KEY``), not enough
+    to guess a short one offline."""
+    if _FINGERPRINT.fullmatch(value):
+        return value  # already a fingerprint: redacting what was stored changes nothing
+    key = _fingerprint_key(settings.SECRET_KEY)
+    return FINGERPRINT_PREFIX + hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def redact_arguments(args: Any) -> Any:
+    """A tool call's arguments as they may be stored and shown: write-only values replaced by
+    their fingerprint, everything else through ``redact``."""
+    if not isinstance(args, dict):
+        return redact(args)
+    shown = redact({k: v for k, v in args.items() if k not in WRITE_ONLY_ARGUMENTS})
+    for name in WRITE_ONLY_ARGUMENTS & args.keys():
+        overlay = args[name]
+        shown[name] = (
+            {
+                redact_text(str(key)): fingerprint(value) if isinstance(value, str) else MASK
+                for key, value in overlay.items()
+            }
+            if isinstance(overlay, dict)
+            else MASK
+        )
+    return shown
+
+
+# A write-only value shorter than this is not looked for in output: "1" or "yes" would mask
+# half of any text, and says nothing by itself.
+KNOWN_VALUE_MIN_CHARS = 6
+
+
+def write_only_values(args: Any) -> list[str]:
+    """The write-only values of a call's exact arguments, to be masked in its output."""
+    if not isinstance(args, dict):
+        return []
+    return [
+        value
+        for name in WRITE_ONLY_ARGUMENTS & args.keys()
+        if isinstance(args[name], dict)
+        for value in args[name].values()
+        if isinstance(value, str) and len(value) >= KNOWN_VALUE_MIN_CHARS
+    ]
+
+
+def redact_result(result: Any, *, known: list[str] | tuple[str, ...] = ()) -> Any:
+    """A runner's reported result or error as it may be stored and shown: ``known`` values
+    (the call's own write-only values, which a tool may print) masked wherever they appear,
+    then everything through ``redact``."""
+    if known:
+        result = _mask_known(result, sorted(set(known), key=len, reverse=True))
+    return redact(result)
+
+
+def _mask_known(value: Any, known: list[str], depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        return TRUNCATED
+    if isinstance(value, dict):
+        return {key: _mask_known(item, known, depth + 1) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mask_known(item, known, depth + 1) for item in value]
+    if isinstance(value, str):
+        for secret in known:
+            value = value.replace(secret, MASK)
+    return value
 
 
 def bounded(value: Any, *, max_bytes: int = 8192) -> Any:

@@ -15,9 +15,10 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from kestrel_one.api.base import ProjectScopedViewSet
-from kestrel_one.api.serializers import StrictSerializer
+from kestrel_one.api.serializers import RedactedSerializer, StrictSerializer
 from kestrel_one.artifacts.models import Checkpoint
 from kestrel_one.common.errors import ValidationFailed, echo
+from kestrel_one.common.redaction import redact, redact_arguments, redact_result
 from kestrel_one.execution.approvals import approval_decide, verification_record
 from kestrel_one.execution.checkpoints import checkpoint_restore
 from kestrel_one.execution.idempotency import action_request_once
@@ -42,7 +43,13 @@ WAIT_PARAMETER = OpenApiParameter(
 )
 
 
-class ActionSerializer(serializers.ModelSerializer):
+class ActionSerializer(RedactedSerializer):
+    redacted_fields = {
+        "args": redact_arguments,
+        "decision": redact,
+        "result": redact_result,
+        "error": redact_result,
+    }
     id = serializers.CharField(source="public_id", read_only=True)
     thread = serializers.CharField(source="thread.public_id", read_only=True)
     receipt = serializers.SerializerMethodField()
@@ -243,7 +250,8 @@ class ActionDecisionViewSet(ProjectScopedViewSet):
         return self._decide(request, approve=False)
 
 
-class ReceiptSerializer(serializers.ModelSerializer):
+class ReceiptSerializer(RedactedSerializer):
+    redacted_fields = ActionSerializer.redacted_fields
     id = serializers.CharField(source="public_id", read_only=True)
     action = serializers.CharField(source="action.public_id", read_only=True)
 
@@ -338,7 +346,15 @@ class VerificationViewSet(ProjectScopedViewSet):
         return Response(VerificationSerializer(verification).data, status=status.HTTP_201_CREATED)
 
 
-class PlanSerializer(serializers.ModelSerializer):
+class PlanSerializer(RedactedSerializer):
+    redacted_fields = {
+        "steps": lambda steps: [
+            {**step, "args": redact_arguments(step.get("args"))}
+            if isinstance(step, dict)
+            else redact(step)
+            for step in steps
+        ]
+    }
     id = serializers.CharField(source="public_id", read_only=True)
     steps = serializers.SerializerMethodField(
         help_text="Each step's tool, canonical args and digest, how many times it may run "

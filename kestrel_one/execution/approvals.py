@@ -12,6 +12,7 @@ from django.utils import timezone
 from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import CheckNotBound, Conflict, PermissionDenied, ValidationFailed
+from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action, ActionState, Approval, Verification
 from kestrel_one.execution.services import (
     APPROVAL_EXPIRED,
@@ -54,7 +55,7 @@ def _digest_intact(action: Action) -> None:
     """Recompute the action's digest from what is stored now: if any bound field (scope,
     tool, arguments, policy version) differs from what was requested, this approval is not
     for it."""
-    args_digest = digest(action.args)
+    args_digest = digest(action_arguments(action))
     recomputed = action_digest(
         scope=action_scope(action),
         tool=action.tool,
@@ -150,7 +151,10 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | 
     )
     new_state = ActionState.QUEUED if approve else ActionState.DENIED
     Action.objects.filter(pk=action.pk, state=ActionState.AWAITING_APPROVAL).update(
-        state=new_state, finished_at=None if approve else timezone.now()
+        state=new_state,
+        finished_at=None if approve else timezone.now(),
+        # A denied call is never signed: its exact arguments are not kept.
+        **({} if approve else {"sealed_args": ""}),
     )
     event_append(
         thread=action.thread,

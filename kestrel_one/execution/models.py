@@ -110,7 +110,11 @@ class Action(models.Model):
     project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="actions")
     thread = models.ForeignKey("threads.Thread", on_delete=models.CASCADE, related_name="actions")
     tool = models.CharField(max_length=64)
+    # Redacted (kestrel_one.execution.arguments): what every surface shows.
     args = models.JSONField()
+    # The exact arguments, encrypted, only while a command may still be signed from them.
+    sealed_args = models.TextField(blank=True, default="")
+    # Over the exact arguments, which the runner receives in the signed command.
     args_digest = models.CharField(max_length=64)
     # Binds organization, environment, project, thread, tool, canonical arguments and policy
     # version: approvals, commands and receipts refer to exactly this.

@@ -16,6 +16,7 @@ from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, ThreadEnded, ValidationFailed
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.approvals import require_person
+from kestrel_one.execution.arguments import arguments_shown
 from kestrel_one.execution.models import Plan
 from kestrel_one.governance.judging import tool_call_request
 from kestrel_one.threads.models import Thread
@@ -33,6 +34,7 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
             f"Plans are proposed in plan (or auto) threads; this thread is in {thread.mode} mode."
         )
     canonical_steps = []
+    raw_steps: list[dict] = []
     for index, step in enumerate(steps):
         try:
             tool, canonical, _ = tool_call_request(step["tool"], step["args"])
@@ -46,9 +48,17 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
                 "(KESTREL_PLAN_STEP_MAX_USES): how many times the step may run once accepted.",
                 details={f"steps[{index}].uses": ["out of range"]},
             )
+        # The step binds to the exact arguments by digest; the plan keeps and shows them
+        # redacted, and the action that runs the step supplies them again (CRED-1).
         canonical_steps.append(
-            {"tool": tool.name, "args": canonical, "args_digest": digest(canonical), "uses": uses}
+            {
+                "tool": tool.name,
+                "args": arguments_shown(canonical),
+                "args_digest": digest(canonical),
+                "uses": uses,
+            }
         )
+        raw_steps.append(canonical)
     thread_require_open(thread=thread)  # an ended thread takes no new plan
     plan = Plan.objects.create(
         organization=thread.organization,
@@ -57,7 +67,7 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
         proposed_by=actor.actor_id,
         proposed_by_token=actor.token,
         proposed_by_lineage=actor.lineage,
-        flags=injection_flags(canonical_steps),
+        flags=injection_flags(raw_steps),
     )
     event_append(
         thread=thread,

@@ -24,7 +24,9 @@ from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status, broker_unavailable_message
 from kestrel_one.common.errors import Conflict, ThreadEnded, Unavailable, ValidationFailed, echo
 from kestrel_one.common.injection import injection_flags
+from kestrel_one.common.redaction import redact, redact_result, write_only_values
 from kestrel_one.common.storable import json_storable, utf8_encodable
+from kestrel_one.execution.arguments import action_arguments, arguments_sealed, arguments_shown
 from kestrel_one.execution.enrollment import call_pool_for
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
@@ -184,6 +186,9 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         thread=thread,
     )
     flags = injection_flags(canonical)
+    # Stored and shown redacted (CRED-1); the exact arguments are signed into the command and
+    # kept sealed until the call ends, never for a denied one (execution.arguments).
+    shown = arguments_shown(canonical)
     # Checked again under the thread's lock: the thread may have ended since it was read.
     thread_require_open(thread=thread)
     action = Action(
@@ -192,7 +197,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         project=project,
         thread=thread,
         tool=tool_spec.name,
-        args=canonical,
+        args=shown,
+        sealed_args="" if decision.outcome == DENY else arguments_sealed(canonical, shown),
         args_digest=args_digest,
         action_digest=action_digest(
             scope=scope,
@@ -202,7 +208,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         ),
         mode=mode.value,
         state=STATE_FOR_OUTCOME[decision.outcome],
-        decision=decision.to_dict(),
+        # Reasons may quote an argument (a path, a command).
+        decision=redact(decision.to_dict()),
         policy_version=decision.policy_version,
         limits=command_limits(decision.limits),
         requested_by=actor.actor_id,
@@ -218,7 +225,7 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     if action.state == ActionState.QUEUED:
         # Signed now, from the row being written, so that after commit dispatch only sends.
         action.attempt = 1
-        command = _signed_command(action)
+        command = _signed_command(action, args=canonical)
         action.command_digest = token_digest(command)
     action.save(force_insert=True)
     event_append(
@@ -297,7 +304,7 @@ def action_dispatch(*, action_id: int) -> bool:
             if action.state != ActionState.QUEUED:
                 return False
         action.attempt += 1
-        token = _signed_command(action)
+        token = _signed_command(action, args=action_arguments(action))
         Action.objects.filter(pk=action.pk).update(
             attempt=action.attempt, command_digest=token_digest(token)
         )
@@ -319,7 +326,7 @@ def action_redecision(action: Action) -> Decision | None:
     mode = Mode(action.mode)
     if policy_version_label(project=action.project, mode=mode) == action.policy_version:
         return None
-    _, canonical, policy_request = tool_call_request(action.tool, action.args)
+    _, canonical, policy_request = tool_call_request(action.tool, action_arguments(action))
     return call_judge(
         project=action.project,
         principal=system_principal("redecide"),
@@ -354,7 +361,7 @@ def action_redecide(action: Action, decision: Decision) -> None:
             "it needs a new approval, so request it again.",
         }
     action.policy_version = version
-    action.decision = decision.to_dict()
+    action.decision = redact(decision.to_dict())  # reasons may quote an argument
     action.limits = command_limits(decision.limits)
     action.action_digest = action_digest(
         scope=action_scope(action),
@@ -372,6 +379,8 @@ def action_redecide(action: Action, decision: Decision) -> None:
         action_digest=action.action_digest,
         error=error,
         finished_at=timezone.now() if state in TERMINAL_STATES else None,
+        # An ended call keeps no exact arguments (execution.arguments).
+        **({"sealed_args": ""} if state in TERMINAL_STATES else {}),
     )
     if not moved:
         return
@@ -398,8 +407,8 @@ def action_redecide(action: Action, decision: Decision) -> None:
     )
 
 
-def _signed_command(action: Action) -> str:
-    """The command token for ``action``'s current attempt."""
+def _signed_command(action: Action, *, args: dict) -> str:
+    """The command token for ``action``'s current attempt, carrying the exact ``args``."""
     return sign_command(
         {
             "iss": COMMAND_ISSUER,
@@ -407,7 +416,7 @@ def _signed_command(action: Action) -> str:
             "jti": action.public_id,
             **action_scope(action),
             "tool": action.tool,
-            "args": action.args,
+            "args": args,
             "args_digest": action.args_digest,
             "policy_version": action.policy_version,
             "limits": action.limits,
@@ -666,13 +675,18 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     # Output past the inline cap and checkpoint archives become artifacts; the action and
     # its receipt keep the inline part and a reference (docs/records.md). Only for an
     # action still in flight: a report on one that already finished changes nothing there.
-    # What the runner printed may hold NULs and unpaired surrogates, which no JSON column
-    # keeps (kestrel_one.common.storable): artifacts keep the NULs, the records U+FFFD.
+    # Redacted as received, before it is stored anywhere (CRED-1): the action, its receipt,
+    # events, audit and artifacts all keep this copy; the call's own environment values are
+    # masked wherever the tool printed them. Digests in the result (sha256 of files) stay
+    # those of the real content. What the runner printed may hold NULs and unpaired
+    # surrogates, which no JSON column keeps (kestrel_one.common.storable): artifacts keep
+    # the NULs, the records U+FFFD.
+    known = write_only_values(action_arguments(action))
     result = utf8_encodable(report.result)
     if action.state in (ActionState.QUEUED, ActionState.RUNNING):
-        result = artifacts_capture(action=action, result=result)
-    result = json_storable(result)
-    error = json_storable(report.error)
+        result = artifacts_capture(action=action, result=result, known=known)
+    result = json_storable(redact_result(result, known=known))
+    error = json_storable(redact_result(report.error, known=known))
     state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
     # Tool output is untrusted data: flagged for people, never read as an instruction.
     output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}
@@ -686,6 +700,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         finished_at=now,
         result=result,
         error=error,
+        sealed_args="",
         started_at=_reported_start(report, now) if never_started else action.started_at or now,
         flags=sorted(set(action.flags) | output_flags),
     )
@@ -793,7 +808,7 @@ def end_action(action: Action, from_state: str, to_state: str, code: str, messag
     """Move an action to a terminal state with an error, once (a conditional update)."""
     error = {"code": code, "message": message}
     moved = Action.objects.filter(pk=action.pk, state=from_state).update(
-        state=to_state, error=error, finished_at=timezone.now()
+        state=to_state, error=error, finished_at=timezone.now(), sealed_args=""
     )
     if moved:
         event_append(

@@ -9,7 +9,8 @@ from rest_framework.response import Response
 
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.params import page_limit, whole_number_param
-from kestrel_one.api.serializers import StrictSerializer
+from kestrel_one.api.serializers import RedactedSerializer, StrictSerializer
+from kestrel_one.common.redaction import redact
 from kestrel_one.threads.models import Thread, ThreadEvent
 from kestrel_one.threads.services import thread_create, thread_end
 from policies import Mode
@@ -87,7 +88,8 @@ class ThreadEndViewSet(ProjectScopedViewSet):
         return Response(ThreadSerializer(thread).data)
 
 
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(RedactedSerializer):
+    redacted_fields = {"data": redact}
     action = serializers.CharField(
         source="action.public_id", default=None, read_only=True, allow_null=True
     )

@@ -14,6 +14,7 @@ import pytest
 
 from kestrel_one.artifacts.models import Artifact, Checkpoint
 from kestrel_one.artifacts.storage import storage_read
+from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action
 from runners import dispatch
 from runners.contract.errors import InvalidArguments
@@ -286,8 +287,9 @@ def test_restore_is_requested_as_an_action_under_policy(world, records, tmp_path
     restore = Action.objects.get(public_id=response.json()["action"])
     assert restore.tool == "workspace.restore" and restore.state == "queued"
     assert restore.args["sha256"] == checkpoint.artifact.sha256
-    # What the runner will be sent restores the workspace.
-    run_tool("workspace.restore", restore.args, tmp_path)
+    # What the runner will be sent (the exact arguments, kept sealed until the command is
+    # sent; the stored args show the archive redacted) restores the workspace.
+    run_tool("workspace.restore", action_arguments(restore), tmp_path)
     assert (tmp_path / "a.txt").read_text() == "v1\n"
 
     # In the shared world's project, fs.write covers src/** and out/** only: a restore of the
@@ -325,6 +327,6 @@ def test_an_exact_restore_is_named_in_the_arguments_an_approval_binds(world, rec
     plain_action = Action.objects.get(public_id=plain.json()["action"])
     assert exact_action.args["exact"] is True and "exact" not in plain_action.args
     assert exact_action.args_digest != plain_action.args_digest
-    validate_args("workspace.restore", exact_action.args)
+    validate_args("workspace.restore", action_arguments(exact_action))
     wrong = member.post(url, {"exact": "yes please"}, format="json")
     assert wrong.status_code == 400 and "exact" in wrong.json()["error"]["details"]

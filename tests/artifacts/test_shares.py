@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime, timedelta
 
 import pytest
@@ -10,8 +12,13 @@ from rest_framework.test import APIClient
 
 from kestrel_one.artifacts.models import ShareLink
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.common.ids import PREFIXES
+from kestrel_one.execution.approvals import approval_decide
+from kestrel_one.execution.services import action_dispatch, action_request, report_ingest
 from tests.api.routes import KWARGS, org_scoped_routes
 from tests.api.test_cross_tenant import fill
+from tests.artifacts.conftest import person
+from tests.artifacts.helpers import finished_report, workspace_archive
 from tests.artifacts.test_output_artifacts import shell_result
 
 pytestmark = pytest.mark.spec("TEN-6", "AUD-7")
@@ -43,7 +50,8 @@ def test_an_artifact_link_opens_that_artifact_and_its_content(world, records, ar
     opened = anonymous().get(made["url"])
     assert opened.status_code == 200
     body = opened.json()
-    assert body["kind"] == "artifact" and body["artifact"]["id"] == artifact.public_id
+    assert body["kind"] == "artifact" and body["artifact"]["sha256"] == artifact.sha256
+    assert "id" not in body["artifact"]
     # Nothing names what is around it.
     text = opened.content.decode()
     for around in (
@@ -70,7 +78,7 @@ def test_a_thread_link_opens_its_replay_only(world, records, artifact):
     opened = anonymous().get(made["url"])
     assert opened.status_code == 200
     replay = opened.json()["replay"]
-    assert replay["thread"]["id"] == records.thread.public_id
+    assert replay["thread"]["title"] == records.thread.title and "id" not in replay["thread"]
     assert [e["sequence"] for e in replay["events"]] == list(range(1, len(replay["events"]) + 1))
     text = opened.content.decode()
     assert records.project.public_id not in text and "acme" not in text
@@ -179,3 +187,49 @@ def test_the_list_shows_how_often_a_link_was_used_and_when_last(world, records, 
     ShareLink.objects.filter(public_id=made["id"]).update(revoked_at=timezone.now())
     assert anonymous().get(made["url"]).status_code == 404
     assert listed()["uses"] == 2
+
+
+ANY_PUBLIC_ID = re.compile(r"(?:%s)_[0-9A-Z]{26}" % "|".join(sorted(PREFIXES)))  # noqa: UP031
+
+
+@pytest.mark.spec("TEN-6")
+def test_a_shared_thread_carries_no_person_runner_or_internal_id(world, records):
+    owner = world["owner"]
+    records.run("shell.exec", {"argv": ["make"]}, shell_result("y" * 40_000))
+    records.run("workspace.checkpoint", {}, workspace_archive({"a.txt": "v1\n"}))
+    # Free text quoting an id: a tool that prints who asked.
+    records.run("shell.exec", {"argv": ["whoami"]}, shell_result(f"{owner.user.public_id}\n"))
+    waiting = action_request(
+        actor=person(world["member"]), thread=records.thread, tool="code.python", args={"code": "1"}
+    )
+    approval_decide(actor=person(owner), action=waiting, approve=True)
+    assert action_dispatch(action_id=waiting.pk)
+    waiting.refresh_from_db()
+    report_ingest(
+        finished_report(waiting, records.runner, records.key, result=shell_result("ok\n"))
+    )
+    base = (
+        f"/api/v1/orgs/acme/projects/{records.project.public_id}/threads/{records.thread.public_id}"
+    )
+    # The owner's replay names all of them; the shared one is the same thread with none.
+    full = owner.client().get(f"{base}/replay").json()
+    full_text = json.dumps(full)
+    for present in ("usr_", "run_", "apr_", "rcp_", "art_", "chk_", "act_", "thr_"):
+        assert present in full_text
+    made = share(world, f"{base}/share")
+
+    opened = anonymous().get(made["url"])
+    assert opened.status_code == 200
+    assert ANY_PUBLIC_ID.findall(opened.content.decode()) == []
+    replay = opened.json()["replay"]
+    assert len(replay["events"]) == len(full["events"])
+    assert len(replay["actions"]) == len(full["actions"]) == 4
+    assert len(replay["receipts"]) == len(full["receipts"]) == 4
+    assert replay["artifacts"] and replay["checkpoints"]
+    # Actions are referred to by the sequence of their first event, consistently.
+    refs = [action["action_ref"] for action in replay["actions"]]
+    assert refs == sorted(refs) and all(isinstance(ref, int) for ref in refs)
+    by_ref = {event["action_ref"] for event in replay["events"] if event["action_ref"]}
+    assert by_ref == set(refs) == {receipt["action_ref"] for receipt in replay["receipts"]}
+    assert replay["actions"][-1]["approval"]["decision"] == "approved"
+    assert "by" not in replay["actions"][-1]["approval"]

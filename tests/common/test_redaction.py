@@ -20,9 +20,13 @@ from kestrel_one.common.redaction import (
     MASK,
     TRUNCATED,
     bounded,
+    fingerprint,
     redact,
+    redact_arguments,
     redact_log_event,
+    redact_result,
     redact_text,
+    write_only_values,
 )
 
 # The planted secret: a Kestrel token in the real format.
@@ -252,3 +256,27 @@ def test_redaction_is_linear_on_hostile_input():
     # No timing assertion: this finishes at all only if no pattern backtracks badly.
     for hostile in ("y" * 50_000, "a-" * 25_000, "%41" * 20_000, "password-" * 6_000):
         assert len(redact_text(hostile)) >= len(hostile) // 2
+
+
+@pytest.mark.spec("CRED-1")
+def test_environment_values_are_write_only_whatever_they_look_like():
+    args = {"argv": ["deploy"], "env": {"REGION": "eu-west-1", "API_KEY": "plain"}}
+    shown = redact_arguments(args)
+    assert shown["argv"] == ["deploy"]
+    assert set(shown["env"]) == {"REGION", "API_KEY"}
+    assert "eu-west-1" not in json.dumps(shown) and "plain" not in json.dumps(shown)
+    assert shown["env"]["REGION"] == fingerprint("eu-west-1") != fingerprint("eu-west-2")
+    assert shown["env"]["REGION"].startswith("sha256:") and len(shown["env"]["REGION"]) == 23
+    # Redacting what was stored again changes nothing (the API's second pass).
+    assert redact_arguments(shown) == shown
+
+
+@pytest.mark.spec("CRED-1")
+def test_a_calls_own_write_only_values_are_masked_in_its_output():
+    values = write_only_values({"env": {"TOKEN": "plainvalue-42", "N": "1"}})
+    assert values == ["plainvalue-42"]  # too short to look for: "1"
+    result = {"stdout": "got plainvalue-42 and 1\n", "exit_code": 0}
+    assert redact_result(result, known=values) == {
+        "stdout": "got [redacted] and 1\n",
+        "exit_code": 0,
+    }

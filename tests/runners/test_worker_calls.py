@@ -25,12 +25,13 @@ import pytest
 import redis
 
 from runners import dispatch
-from runners.callstate import CallState, Lease, LeaseKeeper
+from runners.callstate import RETENTION_SECONDS, CallState, Lease, LeaseKeeper
 from runners.config import RunnerConfig
 from runners.contract.canonical import canonical_json, digest, token_digest
 from runners.contract.registry import TOOLS
 from runners.contract.tokens import (
     COMMAND_CLAIMS,
+    RESULT_LIFETIME_SECONDS,
     generate_private_key_pem,
     public_key_pem,
     sign_command,
@@ -525,21 +526,71 @@ def test_a_started_report_that_cannot_be_sent_is_a_warning(
     assert "could not send the started report of call act_01JTESTCALL" in caplog.text
 
 
-def test_redelivered_finished_call_resends_the_same_result(runner, recorder):
+def test_redelivered_finished_call_whose_report_went_out_runs_and_sends_nothing(runner, recorder):
     token = command()
     runner.handle(token)
-    first_finished = recorder.reports[-1]
+    assert len(recorder.reports) == 1
 
-    assert runner.handle(token) is Disposition.RESENT
-    assert runner.handle(token) is Disposition.RESENT
-    assert recorder.reports[-2:] == [first_finished, first_finished]
+    assert runner.handle(token) is Disposition.REPORTED
+    assert runner.handle(command(attempt=2)) is Disposition.REPORTED
+    assert len(recorder.reports) == 1
     assert len(recorder.executions) == 1
 
 
-def test_a_new_attempt_of_a_finished_call_gets_the_recorded_result(runner, recorder):
-    runner.handle(command())
-    assert runner.handle(command(attempt=2)) is Disposition.RESENT
+def _broker_refuses_once(recorder: Recorder) -> Callable[[str], None]:
+    refused: list[str] = []
+
+    def report(token: str) -> None:
+        if not refused:
+            refused.append(token)
+            raise kombu.exceptions.OperationalError("broker down")
+        recorder.report(token)
+
+    return report
+
+
+def test_a_report_the_broker_did_not_take_is_resent_to_the_next_delivery(
+    config, state_client, recorder
+):
+    runner = make_runner(config, state_client, recorder, report=_broker_refuses_once(recorder))
+    token = command()
+    with pytest.raises(kombu.exceptions.OperationalError):
+        runner.handle(token)  # the worker hands the message back (runners.worker)
+
+    assert runner.handle(token) is Disposition.RESENT
+    assert runner.handle(command(attempt=2)) is Disposition.REPORTED
+    assert len(recorder.reports) == 1
     assert len(recorder.executions) == 1
+
+
+@pytest.mark.spec("CRED-1")
+def test_call_state_keeps_no_output_once_the_report_went_out(
+    runner, recorder, runner_key, state_client, workspace_root
+):
+    secret = "ghp_" + "S3cr3tT0k3nValue" * 3
+    (workspace_root / PROJECT).mkdir(exist_ok=True)
+    (workspace_root / PROJECT / "notes.txt").write_text(secret)
+    token = command(tool="fs.read", args={"path": "notes.txt"})
+    runner.handle(token)
+    (finished,) = reports(recorder, runner_key)
+    assert finished.result["content"] == secret  # the report itself carries the output
+
+    stored = state_client.get("kestrel:result:act_01JTESTCALL").decode()
+    assert stored == "reported:" + token_digest(finished.raw)
+    for key in state_client.scan_iter("*"):
+        assert secret.encode() not in (state_client.get(key) or b"")
+    # Kept while a copy of the command could still verify, not for days.
+    assert 0 < state_client.ttl("kestrel:result:act_01JTESTCALL") <= RETENTION_SECONDS
+    assert 0 < state_client.ttl("kestrel:call:act_01JTESTCALL") <= RETENTION_SECONDS
+    assert RETENTION_SECONDS < 2 * 3600
+
+
+def test_an_unsent_report_is_kept_no_longer_than_it_can_be_accepted(config, state_client, recorder):
+    runner = make_runner(config, state_client, recorder, report=_broker_refuses_once(recorder))
+    with pytest.raises(kombu.exceptions.OperationalError):
+        runner.handle(command())
+    ttl = state_client.ttl("kestrel:result:act_01JTESTCALL")
+    assert 0 < ttl <= RESULT_LIFETIME_SECONDS
 
 
 def test_copy_of_a_call_running_elsewhere_is_dropped_as_replayed(
@@ -608,9 +659,9 @@ def test_non_idempotent_call_of_a_dead_worker_ends_runner_lost(
     (lost,) = reports(recorder, runner_key)
     assert lost.event == "finished" and lost.outcome == "failed"
     assert lost.error["code"] == "runner_lost"
-    # Every later delivery gets that same verdict; the tool never runs.
-    assert runner.handle(token) is Disposition.RESENT
-    assert recorder.reports == [lost.raw, lost.raw]
+    # Every later delivery finds the call ended and reported; the tool never runs.
+    assert runner.handle(token) is Disposition.REPORTED
+    assert recorder.reports == [lost.raw]
     assert recorder.executions == []
 
 
@@ -665,7 +716,12 @@ def test_concurrent_deliveries_run_the_call_once(config, state_client, recorder,
         thread.join(timeout=60)
 
     assert outcomes.count(Disposition.RAN) == 1
-    assert set(outcomes) <= {Disposition.RAN, Disposition.RESENT, Disposition.REPLAYED}
+    assert set(outcomes) <= {
+        Disposition.RAN,
+        Disposition.RESENT,
+        Disposition.REPORTED,
+        Disposition.REPLAYED,
+    }
     assert len(recorder.executions) == 1
 
 
