@@ -144,6 +144,7 @@ def test_actions_approve_is_put_on_a_token_from_a_console_session(world, client)
     assert not ApiToken.objects.filter(name="x").exists()
 
 
+@pytest.mark.spec("API-1")
 def test_a_child_token_never_outlives_its_parent(world):
     soon = timezone.now() + timedelta(hours=1)
     parent = (
