@@ -10,8 +10,7 @@ from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.scopes import SCOPES
 from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.api.base import OrgScopedViewSet
-from kestrel_one.api.serializers import StrictSerializer
-from kestrel_one.common.errors import echo
+from kestrel_one.api.serializers import StrictSerializer, named_among
 
 
 class TokenSerializer(serializers.ModelSerializer):
@@ -129,19 +128,10 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedVi
         return Response(body, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
 
     def _visible_projects(self, ids: list[str]) -> list:
-        """The named projects among those the caller sees; another is answered like a missing
-        one. Through the organization's reverse relation: accounts names no tenancy module."""
+        """The named projects among those the caller sees. Through the organization's
+        reverse relation: accounts names no tenancy module."""
         visible = self.organization.projects.visible_to(self.principal, self.organization)
-        found = {p.public_id: p for p in visible.filter(public_id__in=ids)}
-        missing = {f"projects[{i}]": pid for i, pid in enumerate(ids) if pid not in found}
-        if missing:
-            raise serializers.ValidationError(
-                {
-                    name: [f"no project {echo(pid)} in this organization"]
-                    for name, pid in missing.items()
-                }
-            )
-        return [found[pid] for pid in dict.fromkeys(ids)]
+        return named_among(visible, ids, field="projects", noun="project")
 
     def destroy(self, request, *args, **kwargs):
         token = token_revoke(actor=self.principal, token=self.get_object())

@@ -115,3 +115,16 @@ class RedactedSerializer(serializers.ModelSerializer):
             if name in data and data[name] is not None:
                 data[name] = redaction(data[name])
         return data
+
+
+def named_among(visible, ids: list[str], *, field: str, noun: str) -> list:
+    """The objects ``ids`` names (public ids), looked up in ``visible``, the ones the caller
+    can see: one it cannot see is answered exactly like a missing one. In the order given,
+    once each."""
+    found = {obj.public_id: obj for obj in visible.filter(public_id__in=ids)}
+    missing = {f"{field}[{i}]": pid for i, pid in enumerate(ids) if pid not in found}
+    if missing:
+        raise serializers.ValidationError(
+            {name: [f"no {noun} {echo(pid)} in this organization"] for name, pid in missing.items()}
+        )
+    return [found[pid] for pid in dict.fromkeys(ids)]

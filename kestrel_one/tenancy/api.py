@@ -14,8 +14,8 @@ from kestrel_one.api.serializers import (
     PublicIdRelatedField,
     StrictModelSerializer,
     StrictSerializer,
+    named_among,
 )
-from kestrel_one.common.errors import echo
 from kestrel_one.tenancy import services
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
 
@@ -138,19 +138,9 @@ class MemberUpdateSerializer(StrictSerializer):
 
 
 def resolve_projects(principal, organization, ids: list[str]) -> list[Project]:
-    """The named projects, looked up among those the caller can see: one it cannot see is
-    answered exactly like a missing one."""
+    """The named projects, looked up among those the caller can see."""
     visible = Project.objects.visible_to(principal, organization)
-    found = {p.public_id: p for p in visible.filter(public_id__in=ids)}
-    missing = {f"projects[{i}]": pid for i, pid in enumerate(ids) if pid not in found}
-    if missing:
-        raise serializers.ValidationError(
-            {
-                name: [f"no project {echo(pid)} in this organization"]
-                for name, pid in missing.items()
-            }
-        )
-    return [found[pid] for pid in dict.fromkeys(ids)]
+    return named_among(visible, ids, field="projects", noun="project")
 
 
 class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedViewSet):
