@@ -45,7 +45,7 @@ ENVIRONMENT_POLICY = {
         # env: the variables tests overlay beyond the always-allowed ones (docs/policy.md).
         "shell.exec": {
             "approval": "always",
-            "env": ["API", "API_KEY"],
+            "env": ["API", "API_KEY", "GH"],
             "limits": {"timeout_s": 60},
         },
         "code.exec": {"limits": {"timeout_s": 30}},

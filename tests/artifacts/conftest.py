@@ -18,7 +18,7 @@ WORKSPACE_POLICY = {
     "capabilities": {
         "fs.read": {"paths": ["**"]},
         "fs.write": {"paths": ["**"]},
-        "shell.exec": {"limits": {"timeout_s": 60}},
+        "shell.exec": {"env": ["API_KEY", "GH"], "limits": {"timeout_s": 60}},
         "code.exec": {"approval": "always"},
     }
 }

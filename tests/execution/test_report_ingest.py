@@ -462,7 +462,7 @@ def test_a_verified_report_the_database_refuses_still_ends_its_call(
     """Whatever else the database may refuse in a verified report (here: storing its result
     fails with a DataError), the call is ended failed with a receipt, not lost."""
 
-    def refuse(*, action, result):
+    def refuse(*, action, result, known=()):
         if result is not None:
             raise DataError("unsupported Unicode escape sequence")
         return result

@@ -44,14 +44,21 @@ POLICY = {
     "capabilities": {
         "fs.read": {"paths": ["**"]},
         "fs.write": {"paths": ["**"]},
-        "shell.exec": {"limits": {"timeout_s": 30, "memory_mb": 256, "pids": 64}},
+        "shell.exec": {
+            "env": ["API_KEY", "DB_PASSWORD", "GITHUB_TOKEN"],
+            "limits": {"timeout_s": 30, "memory_mb": 256, "pids": 64},
+        },
     }
 }
 APPROVAL_POLICY = {
     "capabilities": {
         "fs.read": {"paths": ["**"]},
         "fs.write": {"paths": ["**"]},
-        "shell.exec": {"approval": "always", "limits": {"timeout_s": 30}},
+        "shell.exec": {
+            "approval": "always",
+            "env": ["API_KEY", "DB_PASSWORD", "GITHUB_TOKEN"],
+            "limits": {"timeout_s": 30},
+        },
     }
 }
 ENV = {"GITHUB_TOKEN": GITHUB_TOKEN, "API_KEY": API_KEY, "DB_PASSWORD": DB_PASSWORD}
@@ -242,5 +249,6 @@ def test_secrets_in_arguments_and_output_appear_in_no_projection_row_or_redis_ke
         keys.add(key)
         for value in values:
             _assert_no_secret(f"redis key {key}", value)
-    # The runner kept each call's state, minus its report's content.
-    assert {f"kestrel:result:{body['id']}" for _, body in finished} <= keys
+    # The runner kept each call's state (under its pool's namespace), minus its report's content.
+    for _, body in finished:
+        assert any(key.endswith(f":result:{body['id']}") for key in keys), body["id"]
