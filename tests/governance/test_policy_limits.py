@@ -147,12 +147,13 @@ def test_a_project_cannot_grant_a_variable_its_environment_does_not(world):
             "capabilities.fs.read.paths[0]",
         ),
         (b'{"capabilities": {}, "description": "\\udc00"}', "description"),
-        (b'{"capabilities": {"\\ud800": {}}}', "capabilities.\\ud800"),
+        (b'{"capabilities": {"\\ud800": {}}}', "capabilities.<key>"),
     ],
 )
 def test_a_lone_surrogate_in_a_policy_is_a_400_naming_where_not_a_500(world, body, path):
     """A JSON escape can spell half a surrogate pair, which no UTF-8 document can hold: the
-    canonical form could not be hashed (it was a 500)."""
+    canonical form could not be hashed (it was a 500). The one body parser refuses it,
+    naming where (a key is named by its parent)."""
     response = (
         world["owner"]
         .client()
@@ -161,5 +162,5 @@ def test_a_lone_surrogate_in_a_policy_is_a_400_naming_where_not_a_500(world, bod
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert error["code"] == "invalid"
-    assert error["details"]["issues"][0]["path"] == path
+    assert path in error["details"]
     assert "surrogate" in error["message"]
