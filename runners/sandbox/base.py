@@ -274,6 +274,8 @@ class ProbeSite:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
             fd = os.open(self.marker, flags, 0o644, dir_fd=directory)
             try:
+                # Readable by the sandbox's user whatever the runner's umask (serve's is 077).
+                os.fchmod(fd, 0o644)
                 os.write(fd, self.token.encode())
             finally:
                 os.close(fd)

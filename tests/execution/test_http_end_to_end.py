@@ -159,7 +159,7 @@ def test_shell_call_waits_for_a_person_then_runs_with_receipt_and_events(server)
     assert approved["state"] in {"queued", "running", "succeeded"}
 
     finished = call(server, "GET", f"{action}?wait=60", agent_token)
-    assert finished["state"] == "succeeded", finished
+    assert finished["state"] == "succeeded", (finished["error"], finished["result"])
     assert finished["result"]["exit_code"] == 0
     first, *probe = finished["result"]["stdout"].splitlines()
     assert first == "shipped"
