@@ -122,8 +122,10 @@ def shell(chooser, workspace, project, thread, runner_id, script) -> dict:
 
 
 def warm_of(engine, project, thread) -> set[str]:
+    # Sparse: the ids only, so a container removed while it is listed is not an error.
     found = engine.containers.list(
         all=True,
+        sparse=True,
         filters={
             "label": [
                 f"{WARM_LABEL}=true",
