@@ -8,7 +8,7 @@ DEPS := $(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 RUN_STAMP := $(VENV)/.installed-run-$(DEPS)
 STAMP := $(VENV)/.installed-test-$(DEPS)
 
-.PHONY: run test install install-run lint check-migrations docker-ready sandboxes images bench clean
+.PHONY: run test install install-run lint check-migrations docker-ready sandboxes images browser bench clean
 
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,12 +51,17 @@ images: docker-ready
 sandboxes: images
 	bash deploy/scripts/ensure-bubblewrap.sh
 
-## Everything, against real PostgreSQL, Redis and Docker. Fails (never skips) when one is missing.
-test: install lint check-migrations sandboxes
+## Debian's chromium and the npm packages (axe-core) for the console's browser tests.
+browser:
+	bash deploy/scripts/ensure-browser.sh
+
+## Everything, against real PostgreSQL, Redis, Docker and a browser. Fails (never skips) when
+## one is missing.
+test: install lint check-migrations sandboxes browser
 	$(BIN)/pytest
 
 bench: install images
 	$(BIN)/python bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache node_modules

@@ -149,6 +149,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "guardian",
     "axes",
+    "csp",
+    "django_htmx",
     "kestrel_one.accounts",
     "kestrel_one.tenancy",
     "kestrel_one.audit",
@@ -159,6 +161,7 @@ INSTALLED_APPS = [
     "kestrel_one.artifacts",
     "kestrel_one.api",
     "kestrel_one.local",
+    "kestrel_one.console",
 ]
 
 MIDDLEWARE = [
@@ -171,6 +174,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
     # Last, as django-axes asks: it turns a lockout found during sign-in into the response.
     "axes.middleware.AxesMiddleware",
 ]
@@ -292,7 +297,28 @@ SESSION_EXPIRE_AT_BROWSER_CLOSE = True
 CSRF_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_HTTPONLY = True
 LOGIN_URL = "/login"
-LOGIN_REDIRECT_URL = "/"
+LOGIN_REDIRECT_URL = "/console/"
+# Sudo mode (kestrel_one/console/sudo.py): approving, accepting a plan, publishing a policy,
+# minting a token with actions:approve and accepting a networking risk need a sign-in (or a
+# password confirmation) this recent. 5 minutes by default, at least 30 seconds.
+KESTREL_CONSOLE_SUDO_SECONDS = max(env_int("KESTREL_CONSOLE_SUDO_SECONDS", 5 * 60), 30)
+# Every response carries a Content-Security-Policy without 'unsafe-inline' or 'unsafe-eval'
+# (django-csp): the console's scripts and styles are files served from this origin (htmx
+# comes from django-htmx's static files), and nothing may frame it or post elsewhere.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "font-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"

@@ -15,9 +15,10 @@ urlpatterns = [
     path(
         "console/<slug:org>/tokens", account_views.TokenCreateView.as_view(), name="console_tokens"
     ),
+    path("", include("kestrel_one.console.urls")),
     path("", account_views.home, name="home"),
     path("admin/", admin.site.urls),
 ]
 
-handler404 = "kestrel_one.api.errors.json_404"
-handler500 = "kestrel_one.api.errors.json_500"
+handler404 = "kestrel_one.console.errors.not_found"
+handler500 = "kestrel_one.console.errors.server_error"

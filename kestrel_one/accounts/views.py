@@ -10,7 +10,6 @@ from datetime import timedelta
 from django import forms
 from django.conf import settings
 from django.contrib.auth import authenticate, login, logout
-from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import SetPasswordForm
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.contrib.auth.views import PasswordResetConfirmView
@@ -27,6 +26,7 @@ from kestrel_one.accounts.scopes import SCOPES
 from kestrel_one.accounts.services import token_create, user_password_set
 from kestrel_one.accounts.sign_in_links import sign_in_link_tokens, sign_in_link_user
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.console.sudo import safe_next
 
 
 class LoginForm(forms.Form):
@@ -73,12 +73,13 @@ class LoginView(View):
         if not form.is_valid():
             return sign_in_page(request, form, status=400)
         login(request, form.user, backend="django.contrib.auth.backends.ModelBackend")
-        return redirect(settings.LOGIN_REDIRECT_URL)
+        return redirect(safe_next(request, request.POST.get("next"), settings.LOGIN_REDIRECT_URL))
 
 
 def sign_in_page(request, form, *, status=200, locked_out=None):
     context = {
         "form": form,
+        "next": safe_next(request, request.GET.get("next") or request.POST.get("next"), ""),
         "server_token": server_token_sign_in_enabled(),
         "locked_out": locked_out,
     }
@@ -121,7 +122,7 @@ class SetPasswordView(PasswordResetConfirmView):
     token_generator = sign_in_link_tokens
     post_reset_login = True
     post_reset_login_backend = "django.contrib.auth.backends.ModelBackend"
-    success_url = reverse_lazy("home")
+    success_url = reverse_lazy("console_home")
     title = "Choose your password"
 
     def get_user(self, uidb64):
@@ -210,9 +211,6 @@ class TokenCreateView(LoginRequiredMixin, View):
         return response
 
 
-@login_required
 def home(request):
-    memberships = request.user.memberships.select_related("organization").order_by(
-        "organization__slug"
-    )
-    return render(request, "accounts/home.html", {"memberships": memberships})
+    """``/``: the console's list of the person's organizations."""
+    return redirect("console_home")

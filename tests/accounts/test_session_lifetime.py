@@ -30,13 +30,13 @@ def test_a_session_ends_at_its_lifetime_after_sign_in(world, client):
     session = Session.objects.get(session_key=key)
     assert before + timedelta(seconds=900) <= session.expire_date
     assert session.expire_date <= after + timedelta(seconds=900)
-    assert client.get("/").status_code == 200
+    assert client.get("/console/").status_code == 200
     # Using the console does not extend it: the lifetime counts from sign-in.
     assert Session.objects.get(session_key=key).expire_date == session.expire_date
     Session.objects.filter(session_key=key).update(
         expire_date=timezone.now() - timedelta(seconds=1)
     )
-    ended = client.get("/")
+    ended = client.get("/console/")
     assert ended.status_code == 302 and ended["Location"].startswith("/login")
     assert client.get("/console/acme/tokens").status_code == 302
 

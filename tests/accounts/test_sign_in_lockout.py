@@ -93,7 +93,7 @@ def test_the_server_token_is_locked_out_too(world, settings):
     other = Client(REMOTE_ADDR="198.51.100.2")
     signed_in = other.post("/login", {"server_token": settings.KESTREL_SERVER_TOKEN})
     assert signed_in.status_code == 302
-    assert other.get("/").context["user"] == world["owner"].user
+    assert other.get("/console/").context["user"] == world["owner"].user
 
 
 def test_failed_attempts_keep_no_secret(email, settings):

@@ -121,7 +121,7 @@ def test_session_cookie_alone_gets_401(world, client):
     assert response.status_code == 302
     cookie = response.cookies["sessionid"]
     assert cookie["httponly"] and cookie["samesite"] == "Lax"
-    assert client.get("/").status_code == 200  # the console accepts the session
+    assert client.get("/console/").status_code == 200  # the console accepts the session
     api_response = client.get("/api/v1/orgs/acme", REMOTE_ADDR="203.0.113.7")
     assert api_response.status_code == 401
     assert api_response.json()["error"]["code"] == "not_authenticated"

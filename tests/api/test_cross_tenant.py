@@ -18,7 +18,6 @@ from tests.api.routes import (
     QUERIES,
     SELF_SERVICE,
     call,
-    console_org_routes,
     database_fingerprint,
     fill,
     org_scoped_routes,
@@ -211,30 +210,3 @@ def test_an_admin_limited_to_projects_sees_the_project_they_create_and_nothing_m
     assert membership.all_projects is False  # still limited, now to two projects
     record = AuditRecord.objects.get(action="project.create", target_id=made.json()["id"])
     assert record.data["granted_to_creator"] == membership.public_id
-
-
-@pytest.mark.spec("TEN-1", "TEN-4")
-def test_every_console_page_of_an_organization_refuses_outsiders_like_a_missing_one(world, client):
-    """Console pages (session sign-in, outside the API) name the organization in the URL too:
-    for a person who does not belong to it, each is the same 404 as a missing organization,
-    and a caller who is not signed in is sent to sign in."""
-    routes = console_org_routes()
-    assert routes, "the resolver returned no console organization pages"
-    for route in routes:
-        assert "<str:" not in route.pattern, f"{route.name}: add the console walker's fillers"
-        url = route.pattern.replace("<slug:org>", "acme")
-        anonymous = client.get(url)
-        assert anonymous.status_code == 302 and anonymous["Location"].startswith("/login")
-        client.force_login(world["outsider"].user)
-        foreign = client.get(url)
-        missing = client.get(route.pattern.replace("<slug:org>", "no-such-org"))
-        assert foreign.status_code == missing.status_code == 404, route.name
-        assert foreign.content == missing.content, route.name
-        assert not [m for m in foreign_markers(world) if m in foreign.content.decode()]
-        before = database_fingerprint()
-        refused = client.post(url, {"name": "x", "scopes": ["org:read"]})
-        assert refused.status_code in {404, 405}, route.name
-        assert database_fingerprint() == before, f"{route.name}: a refused POST changed data"
-        client.force_login(world["viewer"].user)
-        assert client.get(url).status_code == 200, route.name
-        client.logout()

@@ -1,0 +1,118 @@
+"""The one base view every organization page of the console uses.
+
+Like the API's ``OrgScopedViewSet``: the organization comes from the URL and is resolved
+*through* the signed-in person (``Organization.objects.visible_to``), so an organization they
+cannot see is the same 404 page as one that does not exist; then the method's scope is
+checked (a 403 page only for members who lack it); then the sensitive methods ask for sudo
+mode. Objects are always fetched through ``self.organization`` with the selectors the API
+uses. Overriding ``dispatch`` is refused when the class is created, so no page skips this.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views import View
+
+from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.api.base import missing_scope_message
+from kestrel_one.console.sudo import sudo_fresh, sudo_redirect, sudo_seconds_left
+from kestrel_one.execution.selectors import actions_awaiting_decision
+from kestrel_one.tenancy.models import Organization
+
+
+def session_principal(request: HttpRequest) -> Principal:
+    return Principal(PrincipalKind.SESSION, user=request.user)
+
+
+class ConsoleView(View):
+    # HTTP method -> the scope the person must hold in the organization. A method with no
+    # entry is refused (405), never allowed by default.
+    scope_map: ClassVar[dict[str, str]] = {"GET": "org:read"}
+    # HTTP method -> what the person is about to do, for the methods that need sudo mode
+    # ("approve or deny this action"). Shown on the confirmation page.
+    sudo_for: ClassVar[dict[str, str]] = {}
+    # The navigation entry this page belongs to.
+    section: ClassVar[str] = ""
+
+    protected_methods = ("dispatch",)
+
+    organization: Organization
+    principal: Principal
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        overridden = [name for name in cls.protected_methods if name in cls.__dict__]
+        if overridden:
+            raise TypeError(
+                f"{cls.__name__} overrides {', '.join(overridden)}, which enforces tenancy; "
+                "resolve objects in resolve_parents() instead"
+            )
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        self.principal = session_principal(request)
+        organization = (
+            Organization.objects.visible_to(self.principal).filter(slug=kwargs.get("org")).first()
+        )
+        if organization is None:
+            raise Http404
+        self.organization = organization
+        method = "GET" if request.method == "HEAD" else (request.method or "GET")
+        required = self.scope_map.get(method)
+        if required is None:
+            return self.page_error(
+                405, "Not allowed", f"This page does not accept {method} requests."
+            )
+        self.scopes = self.principal.scopes_in(organization)
+        if required not in self.scopes:
+            return self.page_error(
+                403, "Not allowed", missing_scope_message(self.principal, required)
+            )
+        self.resolve_parents(**kwargs)
+        what = self.sudo_for.get(method)
+        if what is not None and not sudo_fresh(request):
+            return sudo_redirect(request, back_to=self.back_to(), what=what)
+        return super().dispatch(request, *args, **kwargs)
+
+    def resolve_parents(self, **kwargs: Any) -> None:
+        """Fetch the objects named in the URL, always through ``self.organization``; raise
+        ``Http404`` for one the person cannot see."""
+
+    def back_to(self) -> str:
+        """The page to return to after a sudo confirmation: this page, as a GET."""
+        return self.request.path
+
+    def can(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    def console_context(self) -> dict[str, Any]:
+        return {
+            "organization": self.organization,
+            "role": self.principal.role_in(self.organization),
+            "scopes": self.scopes,
+            "section": self.section,
+            "awaiting_count": actions_awaiting_decision(
+                principal=self.principal, organization=self.organization
+            ).count(),
+            "sudo_seconds_left": sudo_seconds_left(self.request),
+        }
+
+    def page(
+        self, template: str, context: dict[str, Any] | None = None, *, status: int = 200
+    ) -> HttpResponse:
+        return render(
+            self.request, template, {**self.console_context(), **(context or {})}, status=status
+        )
+
+    def page_error(self, status: int, title: str, message: str) -> HttpResponse:
+        return render(
+            self.request,
+            "console/error.html",
+            {**self.console_context(), "status": status, "title": title, "message": message},
+            status=status,
+        )

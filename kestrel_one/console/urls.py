@@ -1,0 +1,12 @@
+"""Console URLs (API.md, "Console"). Each part of the console keeps its own list of pages in
+its module; this file only puts them together."""
+
+from django.urls import path
+
+from kestrel_one.console import views
+
+urlpatterns = [
+    path("console/", views.home, name="console_home"),
+    path("console/sudo", views.SudoView.as_view(), name="console_sudo"),
+    path("console/<slug:org>/", views.OverviewView.as_view(), name="console_overview"),
+]
