@@ -108,9 +108,7 @@ def check_accessibility(watched: Watched, *, context: str = "") -> None:
     not govern, so the page keeps its real policy while it is checked."""
     page = watched.page
     page.evaluate(AXE.read_text())
-    results = page.evaluate(
-        "async () => await axe.run(document, {resultTypes: ['violations']})"
-    )
+    results = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     serious = [
         {
             "id": violation["id"],
