@@ -3,10 +3,14 @@ its module; this file only puts them together."""
 
 from django.urls import path
 
-from kestrel_one.console import views
+from kestrel_one.console import administration, approvals, dashboard, policy, views
 
 urlpatterns = [
     path("console/", views.home, name="console_home"),
     path("console/sudo", views.SudoView.as_view(), name="console_sudo"),
     path("console/<slug:org>/", views.OverviewView.as_view(), name="console_overview"),
+    *dashboard.urlpatterns,
+    *approvals.urlpatterns,
+    *policy.urlpatterns,
+    *administration.urlpatterns,
 ]

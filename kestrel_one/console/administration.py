@@ -1,0 +1,7 @@
+"""Console: the administration pages."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern
+
+urlpatterns: list[URLPattern] = []
