@@ -44,6 +44,8 @@ DEFAULT_STARTED_REPORT_DELAY_SECONDS = 1.0
 MIN_REPORT_BYTES = 16 * 1024
 # Each project's workspace is a filesystem of this size (runners.workspace.WorkspaceQuota).
 DEFAULT_WORKSPACE_QUOTA_MB = 1024
+# One call may grow its workspace by this much at most (runners.write_budget).
+DEFAULT_CALL_WRITE_BUDGET_MB = 256
 
 _RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -74,10 +76,19 @@ class RunnerConfig:
     max_report_bytes: int = DEFAULT_MAX_REPORT_BYTES
     # 0: no quota filesystem (an unprivileged runner, which cannot mount one).
     workspace_quota_mb: int = DEFAULT_WORKSPACE_QUOTA_MB
+    # 0: no per-call budget. It lives on the quota filesystem, so it needs the quota too.
+    call_write_budget_mb: int = DEFAULT_CALL_WRITE_BUDGET_MB
     read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES
     # The organization a dedicated runner was enrolled for (its public id); None for a
     # shared runner. A command bound to any other organization is refused.
     organization: str | None = None
+
+    @property
+    def call_write_budget_bytes(self) -> int:
+        """What one call may add to its workspace; 0 (none) without a quota filesystem."""
+        if not self.workspace_quota_mb:
+            return 0
+        return self.call_write_budget_mb * 1024 * 1024
 
     @property
     def queue(self) -> str:
@@ -164,6 +175,14 @@ class RunnerConfig:
                 "is a loop-mounted filesystem of that size); set it to 0 to run without a "
                 "workspace quota"
             )
+        budget_text = env.get("KESTREL_CALL_WRITE_BUDGET_MB", "").strip()
+        budget_mb = (
+            0
+            if budget_text == "0"
+            else env_whole_number(
+                env, "KESTREL_CALL_WRITE_BUDGET_MB", DEFAULT_CALL_WRITE_BUDGET_MB, hint=" (or 0)"
+            )
+        )
         read_max = env_whole_number(
             env, "KESTREL_READ_MAX_FILE_BYTES", DEFAULT_READ_MAX_FILE_BYTES, hint=" of bytes"
         )
@@ -185,6 +204,7 @@ class RunnerConfig:
             started_report_delay_s=started_delay,
             max_report_bytes=max_report,
             workspace_quota_mb=quota_mb,
+            call_write_budget_mb=budget_mb,
             read_max_file_bytes=read_max,
             organization=organization,
         )

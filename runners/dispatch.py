@@ -15,6 +15,8 @@ from typing import Any
 from runners.contract.registry import get_tool, validate_args
 from runners.contract.toolspec import DEFAULT_READ_MAX_FILE_BYTES, ToolContext
 from runners.sandbox import ConfinedSandbox, ExecLimits, SandboxBackend
+from runners.workspace import WorkspaceFull
+from runners.write_budget import CallWriteBudget, WriteBudgetExceeded
 
 __all__ = ["execute", "run_verified"]
 
@@ -28,12 +30,15 @@ def run_verified(
     limits: ExecLimits,
     labels: Mapping[str, str],
     read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES,
+    write_budget_bytes: int = 0,
 ) -> dict[str, Any]:
     """Run one call whose ``args`` were already validated for ``tool_name``.
 
     Raises a ``runners.contract.errors.RunnerError`` subclass when the call cannot run
     (unsafe path, no sandbox...), each with a ``code``. ``backend`` may be None only for
-    tools that run no process.
+    tools that run no process. With ``write_budget_bytes`` the call may grow its workspace,
+    which must then be a mounted quota filesystem, by that much at most
+    (``runners.write_budget``); one that uses it up fails ``write_budget_exceeded``.
     """
     tool = get_tool(tool_name)
     workspace = Path(workspace)
@@ -41,7 +46,19 @@ def run_verified(
     context = ToolContext(
         workspace=workspace, sandbox=sandbox, read_max_file_bytes=read_max_file_bytes
     )
-    return tool.implementation(args, context)
+    # A tool the policy lets only read cannot grow the workspace; it needs no budget, and
+    # must not be failed for what a concurrent call of the project wrote.
+    budget = CallWriteBudget(workspace, 0 if tool.capability == "fs.read" else write_budget_bytes)
+    try:
+        with budget:
+            result = tool.implementation(args, context)
+    except WorkspaceFull:
+        if budget.bounded:
+            raise WriteBudgetExceeded(write_budget_bytes) from None
+        raise
+    if budget.exceeded:
+        raise WriteBudgetExceeded(write_budget_bytes)
+    return result
 
 
 def execute(
@@ -52,9 +69,16 @@ def execute(
     backend: SandboxBackend | None,
     limits: ExecLimits,
     labels: Mapping[str, str],
+    write_budget_bytes: int = 0,
 ) -> dict[str, Any]:
     """Validate ``args`` for ``tool_name`` (``UnknownTool``, ``InvalidArguments``), then run."""
     canonical = validate_args(get_tool(tool_name).name, args)
     return run_verified(
-        tool_name, canonical, workspace=workspace, backend=backend, limits=limits, labels=labels
+        tool_name,
+        canonical,
+        workspace=workspace,
+        backend=backend,
+        limits=limits,
+        labels=labels,
+        write_budget_bytes=write_budget_bytes,
     )

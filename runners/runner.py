@@ -332,6 +332,7 @@ class Runner:
                 limits=self._limits(command),
                 labels=self._labels(command),
                 read_max_file_bytes=self.config.read_max_file_bytes,
+                write_budget_bytes=self.config.call_write_budget_bytes,
             )
         except RunnerError as error:
             outcome = ("failed", None, {"code": error.code, "message": str(error)})

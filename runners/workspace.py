@@ -118,6 +118,7 @@ def workspace_remove(root: Path, project_id: str) -> bool:
         with contextlib.suppress(FileNotFoundError):
             image.unlink()
         # No call of a deleted project comes again (the control plane refuses them).
+        shutil.rmtree(quota.calls_folder(project_id), ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             quota.lock_file(project_id).unlink()
     return existed
@@ -159,6 +160,10 @@ class WorkspaceQuota:
 
     def lock_file(self, project_id: str) -> Path:
         return self.folder / f"{project_id}.lock"
+
+    def calls_folder(self, project_id: str) -> Path:
+        """Where the project's running calls keep their write budgets (runners.write_budget)."""
+        return self.folder / f"{project_id}.calls"
 
     @contextlib.contextmanager
     def locked(self, project_id: str) -> Iterator[None]:
