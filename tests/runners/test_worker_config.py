@@ -61,6 +61,7 @@ def test_complete_environment_configures_a_runner(environ):
     assert config.started_report_delay_s == 1.0
     assert config.max_report_bytes == 4 * 1024 * 1024
     assert config.workspace_quota_mb == 1024
+    assert config.call_write_budget_bytes == 256 * 1024 * 1024
     assert config.read_max_file_bytes == 64 * 1024 * 1024
 
 
@@ -73,6 +74,15 @@ def test_the_bounds_are_read_from_the_environment(environ):
     config = RunnerConfig.from_environment(environ)
     assert (config.max_report_bytes, config.workspace_quota_mb) == (65536, 0)
     assert config.read_max_file_bytes == 1000
+    # The budget lives on the quota filesystem: without one there is none.
+    assert config.call_write_budget_bytes == 0
+
+
+@pytest.mark.parametrize(("value", "megabytes"), [("0", 0), ("16", 16), ("", 256)])
+def test_the_call_write_budget_is_read_from_the_environment(environ, value, megabytes):
+    environ["KESTREL_CALL_WRITE_BUDGET_MB"] = value
+    config = RunnerConfig.from_environment(environ)
+    assert config.call_write_budget_bytes == megabytes * 1024 * 1024
 
 
 @pytest.mark.parametrize(("value", "delay"), [("0", 0.0), ("2.5", 2.5), (" ", 1.0)])
@@ -124,6 +134,8 @@ def test_state_needs_redis_when_the_broker_is_not(environ):
         ("KESTREL_MAX_REPORT_BYTES", "1000"),
         ("KESTREL_MAX_REPORT_BYTES", "big"),
         ("KESTREL_WORKSPACE_QUOTA_MB", "-1"),
+        ("KESTREL_CALL_WRITE_BUDGET_MB", "-1"),
+        ("KESTREL_CALL_WRITE_BUDGET_MB", "lots"),
         ("KESTREL_READ_MAX_FILE_BYTES", "0"),
     ],
 )
