@@ -81,14 +81,18 @@ def wait_for(condition, what: str, e2e) -> None:
 @pytest.mark.spec("RUN-3")
 def test_a_sandboxed_command_cannot_fill_the_host_disk(e2e):
     """``fallocate -l 5G`` in the sandbox grew the host's disk by 5 GB; the workspace is now
-    a filesystem of KESTREL_WORKSPACE_QUOTA_MB (1024 by default), so it fails there."""
+    a filesystem of KESTREL_WORKSPACE_QUOTA_MB (1024 by default), and one call may grow it
+    by KESTREL_CALL_WRITE_BUDGET_MB (256 by default): the kernel stops it there, and the
+    call fails saying so."""
     shell = run(e2e, "shell.exec", {"script": "fallocate -l 5G big; echo rc=$?; df -k ."})
-    assert shell.state == ActionState.SUCCEEDED, shell.error
-    assert "rc=1" in shell.result["stdout"] and "No space left" in shell.result["stderr"]
+    assert shell.state == ActionState.FAILED
+    assert shell.error["code"] == "write_budget_exceeded"
+    assert "KESTREL_CALL_WRITE_BUDGET_MB" in shell.error["message"]
+    assert assert_receipt(shell).outcome == "failed"
     workspace = e2e["workspace"]
     assert os.path.ismount(workspace)
     image = WorkspaceQuota(workspace.parent).image(workspace.name)
-    assert os.stat(image).st_blocks * 512 <= 1024 * 1024 * 1024
+    assert os.stat(image).st_blocks * 512 <= (256 + 64) * 1024 * 1024
     listed = run(e2e, "fs.list", {"path": "."})
     assert [entry["name"] for entry in listed.result["entries"]] == ["big"]
 
