@@ -296,6 +296,7 @@ SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
 CSRF_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_HTTPONLY = True
+CSRF_FAILURE_VIEW = "kestrel_one.console.errors.csrf_failure"
 LOGIN_URL = "/login"
 LOGIN_REDIRECT_URL = "/console/"
 # Sudo mode (kestrel_one/console/sudo.py): approving, accepting a plan, publishing a policy,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import connection
 from drf_spectacular.utils import extend_schema, inline_serializer
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.response import Response
@@ -101,6 +101,9 @@ class SchemaView(SpectacularAPIView):
     permission_classes = [IsPrincipal]
 
 
-class DocsView(SpectacularSwaggerView):
+class DocsView(SpectacularSwaggerSplitView):
+    """Swagger UI whose script is a separate request (``?script``), as the CSP requires."""
+
     authentication_classes = SCHEMA_AUTH
     permission_classes = [IsPrincipal]
+    template_name = "api/swagger_ui.html"

@@ -6,9 +6,10 @@ same 404 (same bytes), so the answer says nothing about what exists.
 
 from __future__ import annotations
 
+from django.http import JsonResponse
 from django.shortcuts import render
 
-from kestrel_one.api.errors import json_404, json_500
+from kestrel_one.api.errors import error_body, json_404, json_500
 
 BROWSER_PREFIXES = ("/console", "/login", "/logout")
 
@@ -39,3 +40,15 @@ def server_error(request):
         "tell your administrator the time it happened.",
     }
     return render(None, "console/error.html", context, status=500)
+
+
+def csrf_failure(request, reason=""):
+    """A form posted without its CSRF token (or from another site): refused, nothing done."""
+    message = (
+        "This form could not be accepted: it came without this site's security token, or "
+        "from another site. Reload the page and try again."
+    )
+    if not _is_browser_path(request):
+        return JsonResponse(error_body("csrf_failed", message), status=403)
+    context = {"status": 403, "title": "Form refused", "message": message}
+    return render(request, "console/error.html", context, status=403)
