@@ -144,9 +144,7 @@ class InboxView(ConsoleView):
                 "plan_rows": [
                     (
                         p,
-                        requester(
-                            token=p.proposed_by_token, user=None, recorded=p.proposed_by
-                        ),
+                        requester(token=p.proposed_by_token, user=None, recorded=p.proposed_by),
                     )
                     for p in plan_page
                 ],

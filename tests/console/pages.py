@@ -49,6 +49,7 @@ OVERVIEW: dict[str, Page] = {
 
 DASHBOARD: dict[str, Page] = {}
 
+
 def foreign_work(world):
     """An action awaiting approval and a proposed plan in globex, made once per world: what
     another organization's ids in an acme URL look like."""
