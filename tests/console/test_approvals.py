@@ -205,7 +205,7 @@ def test_the_inbox_is_paginated_newest_first(world):
     newest = actions_awaiting_decision(
         principal=session_of(world["member"]), organization=world.org
     )
-    assert first.count("Review act_") == 50
+    assert first.count('<span class="public-id">act_') == 50
     assert newest[0].public_id in first and world.action.public_id not in first
     second = client.get("/console/acme/approvals?page=2").content.decode()
     assert world.action.public_id in second and "Page 2 of 2" in second
