@@ -1,24 +1,69 @@
-"""Reads of actions that the console and the API share."""
+"""Reads of actions and plans that the console and the API share."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from datetime import timedelta
 
-from kestrel_one.execution.models import Action, ActionState
+from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from kestrel_one.execution.models import Action, ActionState, Plan
 from kestrel_one.tenancy.models import Project
+from kestrel_one.threads.models import Thread
+
+
+def actions_visible_to(*, principal, organization) -> QuerySet[Action]:
+    """The organization's actions in the projects this principal may see."""
+    return Action.objects.filter(
+        organization=organization,
+        project__in=Project.objects.visible_to(principal, organization),
+    )
+
+
+def plans_visible_to(*, principal, organization) -> QuerySet[Plan]:
+    """The organization's plans in threads of the projects this principal may see."""
+    return Plan.objects.filter(
+        organization=organization,
+        thread__project__in=Project.objects.visible_to(principal, organization),
+    )
+
+
+def _may_decide(principal, organization) -> bool:
+    """Only a person holding ``actions:approve`` decides (``approvals.require_person``): an
+    integration token or the local agent never does, whatever its scopes."""
+    return principal.is_person and "actions:approve" in principal.scopes_in(organization)
 
 
 def actions_awaiting_decision(*, principal, organization) -> QuerySet[Action]:
-    """Actions waiting for a decision that this principal could give: in projects it may
-    see, only when it holds ``actions:approve``, and never what a token of its own lineage
-    requested (``approvals.require_person`` refuses those). Newest first."""
-    if "actions:approve" not in principal.scopes_in(organization):
+    """Actions this principal could approve now, newest first: awaiting approval in projects
+    it may see, when it is a person holding ``actions:approve``, never what a token of its
+    own lineage requested, and only while ``approvals.approval_decide`` would take the
+    approval (the window ``KESTREL_APPROVAL_TTL_SECONDS`` still open, the thread open).
+
+    A policy published since the request is the one refusal left to the decision itself:
+    it needs the policy judged again (``approvals._policy_unchanged``)."""
+    if not _may_decide(principal, organization):
         return Action.objects.none()
-    queryset = Action.objects.filter(
-        organization=organization,
+    window = timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
+    queryset = actions_visible_to(principal=principal, organization=organization).filter(
         state=ActionState.AWAITING_APPROVAL,
-        project__in=Project.objects.visible_to(principal, organization),
+        created_at__gte=timezone.now() - window,
+        thread__status=Thread.Status.OPEN,
     )
     if principal.lineage:
         queryset = queryset.exclude(requested_by_lineage=principal.lineage)
+    return queryset.order_by("-created_at", "-pk")
+
+
+def plans_awaiting_acceptance(*, principal, organization) -> QuerySet[Plan]:
+    """Proposed plans this principal could accept now (``plans.plan_accept``), newest first:
+    the same person rules as actions, in open threads."""
+    if not _may_decide(principal, organization):
+        return Plan.objects.none()
+    queryset = plans_visible_to(principal=principal, organization=organization).filter(
+        state="proposed", thread__status=Thread.Status.OPEN
+    )
+    if principal.lineage:
+        queryset = queryset.exclude(proposed_by_lineage=principal.lineage)
     return queryset.order_by("-created_at", "-pk")

@@ -49,7 +49,95 @@ OVERVIEW: dict[str, Page] = {
 
 DASHBOARD: dict[str, Page] = {}
 
-APPROVALS: dict[str, Page] = {}
+
+def foreign_work(world):
+    """An action awaiting approval and a proposed plan in globex, made once per world: what
+    another organization's ids in an acme URL look like."""
+    if not hasattr(world, "foreign_work"):
+        from kestrel_one.accounts.principal import system_principal
+        from kestrel_one.execution.models import Action, Plan
+        from kestrel_one.threads.services import thread_create
+
+        thread = thread_create(
+            actor=system_principal("tests"),
+            project=world.foreign_project,
+            title="globex work",
+            mode="plan",
+        )
+        action = Action.objects.create(
+            organization=world.other_org,
+            environment=world.foreign_environment,
+            project=world.foreign_project,
+            thread=thread,
+            tool="shell.exec",
+            args={"argv": ["make"]},
+            args_digest="0" * 64,
+            action_digest="1" * 64,
+            mode="agent",
+            state="awaiting_approval",
+            policy_version="env:pol_globex",
+            requested_by="tests",
+            pool="default",
+        )
+        plan = Plan.objects.create(
+            organization=world.other_org,
+            thread=thread,
+            steps=[{"tool": "fs.read", "args": {"path": "x"}, "args_digest": "2" * 64}],
+            proposed_by="tests",
+        )
+        world.foreign_work = (action, plan)
+    return world.foreign_work
+
+
+def decision_body(world) -> dict:
+    """What the action page posts for world.action: the digest the person saw, and its parts."""
+    from kestrel_one.console.approvals import decision_binding
+
+    return {**decision_binding(world.action), "reason": "walker"}
+
+
+def plan_accept_body(world) -> dict:
+    from runners.contract.canonical import digest
+
+    return {"steps_digest": digest(world.plan.steps)}
+
+
+# world.action and world.plan are in world.project, which the limited member cannot see.
+PROJECT_PAGE = {**EVERYONE, "limited": 404}
+# Deciding needs actions:approve (a viewer's 403) in a project the person sees (limited: 404).
+DECIDE = {"viewer": 403, "limited": 404}
+
+APPROVALS: dict[str, Page] = {
+    "console_approvals": Page(),
+    "console_action": Page(
+        fill=lambda world: {"act": world.action.public_id},
+        foreign=lambda world: {"act": foreign_work(world)[0].public_id},
+        get=PROJECT_PAGE,
+    ),
+    "console_action_approve": Page(
+        fill=lambda world: {"act": world.action.public_id},
+        foreign=lambda world: {"act": foreign_work(world)[0].public_id},
+        posts=(Post(body=decision_body, expect=DECIDE, sudo=True),),
+        post_only=True,
+    ),
+    "console_action_deny": Page(
+        fill=lambda world: {"act": world.action.public_id},
+        foreign=lambda world: {"act": foreign_work(world)[0].public_id},
+        posts=(Post(body=decision_body, expect=DECIDE, sudo=True),),
+        post_only=True,
+    ),
+    "console_plan": Page(
+        fill=lambda world: {"pln": world.plan.public_id},
+        foreign=lambda world: {"pln": foreign_work(world)[1].public_id},
+        get=PROJECT_PAGE,
+    ),
+    "console_plan_accept": Page(
+        fill=lambda world: {"pln": world.plan.public_id},
+        foreign=lambda world: {"pln": foreign_work(world)[1].public_id},
+        posts=(Post(body=plan_accept_body, expect=DECIDE, sudo=True),),
+        post_only=True,
+    ),
+}
 
 POLICY: dict[str, Page] = {}
 
