@@ -78,6 +78,8 @@ OUTCOMES = (
         ),
     ),
 )
+# States in which an action of an ended thread may still change.
+IN_FLIGHT = (ActionState.AWAITING_APPROVAL, ActionState.QUEUED, ActionState.RUNNING)
 # Event data worth a word in a one-line summary; the whole (redacted) data is one click away.
 SUMMARY_KEYS = ("tool", "outcome", "state", "exit_code", "accepted", "title", "mode")
 SHARE_CHOICES = ((3600, "1 hour"), (86400, "1 day"), (7 * 86400, "7 days"), (30 * 86400, "30 days"))
@@ -343,13 +345,18 @@ class TimelineMixin(ProjectPageMixin):
             "artifact", "project", "thread", "action"
         ).order_by("-created_at", "-pk")[:TIMELINE_ARTIFACTS]
         last_sequence = events[-1].sequence if events else 0
+        # An ended thread whose calls have all settled changes no more: nothing to poll for.
+        live = before is None and (
+            thread.status == Thread.Status.OPEN
+            or thread.actions.filter(state__in=IN_FLIGHT).exists()
+        )
         return {
             "project": self.project,
             "thread": thread,
             "events": event_rows(events),
             "earlier": events[0].sequence if earlier and events else None,
             "before": before,
-            "live": before is None,
+            "live": live,
             "last_sequence": max(last_sequence, thread.last_event_sequence)
             if before is None
             else last_sequence,
@@ -359,6 +366,7 @@ class TimelineMixin(ProjectPageMixin):
             "checkpoints": [checkpoint_projection(checkpoint) for checkpoint in checkpoints],
             "can_share": self.can("projects:write"),
             "share_choices": share_choices(),
+            "share_default": share_default(),
             "poll_seconds": TIMELINE_POLL_SECONDS,
         }
 
@@ -391,6 +399,13 @@ def share_choices() -> list[tuple[int, str]]:
     """How long a new share link may work: the choices within KESTREL_SHARE_MAX_SECONDS."""
     most = settings.KESTREL_SHARE_MAX_SECONDS
     return [(seconds, label) for seconds, label in SHARE_CHOICES if seconds <= most]
+
+
+def share_default() -> int:
+    """The choice picked at first: the longest within KESTREL_SHARE_DEFAULT_SECONDS."""
+    choices = [seconds for seconds, _ in share_choices()]
+    within = [seconds for seconds in choices if seconds <= settings.KESTREL_SHARE_DEFAULT_SECONDS]
+    return max(within) if within else min(choices, default=0)
 
 
 class ArtifactMixin:

@@ -280,3 +280,30 @@ def test_an_artifact_downloads_as_an_attachment(world):
     assert b"".join(response.streaming_content) == b"the report\n"
     assert response["Content-Disposition"].startswith("attachment")
     assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_older_events_page_back_and_are_not_polled(world, monkeypatch):
+    monkeypatch.setattr("kestrel_one.console.dashboard.TIMELINE_EVENTS", 3)
+    client = signed_in(world["member"].user)
+    world.thread.refresh_from_db()
+    last = world.thread.last_event_sequence
+    newest = client.get(timeline_url(world)).content.decode()
+    assert f'id="event-{last}"' in newest and 'id="event-1"' not in newest
+    assert f"?before={last - 2}" in newest and "hx-get" in newest
+    older = client.get(f"{timeline_url(world)}?before={last - 2}").content.decode()
+    assert f'id="event-{last - 3}"' in older and f'id="event-{last}"' not in older
+    assert "hx-get" not in older
+
+
+def test_an_ended_thread_with_nothing_in_flight_is_not_polled(world):
+    from kestrel_one.threads.services import thread_end
+
+    thread = thread_create(actor=world.agent, project=world.project, title="done", mode="ask")
+    client = signed_in(world["member"].user)
+    assert "hx-get" in client.get(timeline_url(world, thread)).content.decode()
+    thread_end(actor=world.agent, thread=thread)
+    html = client.get(timeline_url(world, thread)).content.decode()
+    assert "ended" in html and "hx-get" not in html
+    # The world's thread still has an action awaiting approval: watched even once ended.
+    thread_end(actor=world.agent, thread=world.thread)
+    assert "hx-get" in client.get(timeline_url(world)).content.decode()
