@@ -8,7 +8,6 @@ from kestrel_one.console import administration, approvals, dashboard, policy, vi
 urlpatterns = [
     path("console/", views.home, name="console_home"),
     path("console/sudo", views.SudoView.as_view(), name="console_sudo"),
-    path("console/<slug:org>/", views.OverviewView.as_view(), name="console_overview"),
     *dashboard.urlpatterns,
     *approvals.urlpatterns,
     *policy.urlpatterns,

@@ -10,9 +10,7 @@ from django.shortcuts import redirect, render
 from django.views import View
 
 from kestrel_one.accounts.backends import is_server_token, server_token_sign_in_enabled
-from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.sudo import safe_next, sudo_stamp
-from kestrel_one.tenancy.models import Project
 
 
 @login_required
@@ -72,13 +70,3 @@ class SudoView(View):
             )
         sudo_stamp(request)
         return redirect(next_url)
-
-
-class OverviewView(ConsoleView):
-    """``/console/{org}/``: the organization at a glance."""
-
-    section = "overview"
-
-    def get(self, request, org: str):
-        projects = Project.objects.visible_to(self.principal, self.organization).order_by("name")
-        return self.page("console/overview.html", {"projects": projects})

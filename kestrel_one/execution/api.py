@@ -32,6 +32,7 @@ from kestrel_one.execution.models import (
     Verification,
 )
 from kestrel_one.execution.plans import plan_accept, plan_propose
+from kestrel_one.execution.selectors import plan_step_uses, thread_actions
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.notify import action_watch
 
@@ -155,12 +156,6 @@ def settle(action: Action, seconds: float) -> Action:
     return action
 
 
-def _action_queryset(thread):
-    return Action.objects.filter(thread=thread).select_related(
-        "thread", "plan", "receipt", "approval__decided_by"
-    )
-
-
 class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
     scope_map = {"GET": "projects:read", "POST": "projects:write"}
     queryset = Action.objects.none()
@@ -169,12 +164,12 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
     filterset_fields = {"state": ["exact"], "tool": ["exact"]}
 
     def restrict(self, queryset):
-        return _action_queryset(self.thread)
+        return thread_actions(self.thread)
 
     @extend_schema(parameters=[WAIT_PARAMETER], responses={200: ActionSerializer})
     def retrieve(self, request, *args, **kwargs):
         action = settle(self.get_object(), wait_seconds(request))
-        return Response(ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data)
+        return Response(ActionSerializer(thread_actions(self.thread).get(pk=action.pk)).data)
 
     @extend_schema(
         request=ActionCreateSerializer,
@@ -208,11 +203,11 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
         )
         if seconds and action is not None:
             action = settle(action, seconds)
-            body = ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
+            body = ActionSerializer(thread_actions(self.thread).get(pk=action.pk)).data
         return Response(body, status=status_code)
 
     def _action_body(self, action: Action) -> dict:
-        return ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data
+        return ActionSerializer(thread_actions(self.thread).get(pk=action.pk)).data
 
 
 class DecisionSerializer(StrictSerializer):
@@ -227,7 +222,7 @@ class ActionDecisionViewSet(ProjectScopedViewSet):
     lookup_url_kwarg = "act"
 
     def restrict(self, queryset):
-        return _action_queryset(self.thread)
+        return thread_actions(self.thread)
 
     def _decide(self, request, approve: bool):
         data = DecisionSerializer(data=request.data or {})
@@ -239,7 +234,7 @@ class ActionDecisionViewSet(ProjectScopedViewSet):
             approve=approve,
             reason=data.validated_data.get("reason", ""),
         )
-        return Response(ActionSerializer(_action_queryset(self.thread).get(pk=action.pk)).data)
+        return Response(ActionSerializer(thread_actions(self.thread).get(pk=action.pk)).data)
 
     @extend_schema(request=DecisionSerializer, responses={200: ActionSerializer})
     def approve(self, request, *args, **kwargs):
@@ -380,7 +375,9 @@ class PlanSerializer(RedactedSerializer):
         ]
 
     def get_steps(self, plan) -> list[dict]:
-        used = Counter(plan.actions.values_list("plan_step", flat=True))
+        # A list of plans passes every plan's counts in one query (plan_step_uses).
+        uses = self.context.get("step_uses")
+        used = uses.get(plan.pk, Counter()) if uses is not None else plan_step_uses([plan])[plan.pk]
         return [
             {**step, "uses": step.get("uses", 1), "used": used.get(index, 0)}
             for index, step in enumerate(plan.steps)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from kestrel_one.execution.models import Action, ActionState, Plan
@@ -67,3 +68,25 @@ def plans_awaiting_acceptance(*, principal, organization) -> QuerySet[Plan]:
     if principal.lineage:
         queryset = queryset.exclude(proposed_by_lineage=principal.lineage)
     return queryset.order_by("-created_at", "-pk")
+
+
+def thread_actions(thread) -> QuerySet[Action]:
+    """A thread's actions with what their projection (``ActionSerializer``) reads, joined."""
+    return Action.objects.filter(thread=thread).select_related(
+        "thread", "plan", "receipt", "approval__decided_by"
+    )
+
+
+def plan_step_uses(plans) -> dict[int, Counter]:
+    """Plan pk -> how many actions have named each of its steps, for all ``plans`` in one
+    aggregate query (a plan's projection shows each step's ``used``)."""
+    uses: dict[int, Counter] = {plan.pk: Counter() for plan in plans}
+    rows = (
+        Action.objects.filter(plan__in=[plan.pk for plan in plans])
+        .values("plan_id", "plan_step")
+        .annotate(count=Count("pk"))
+        .order_by()
+    )
+    for row in rows:
+        uses[row["plan_id"]][row["plan_step"]] = row["count"]
+    return uses

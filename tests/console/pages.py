@@ -47,7 +47,92 @@ OVERVIEW: dict[str, Page] = {
     "console_overview": Page(),
 }
 
-DASHBOARD: dict[str, Page] = {}
+# Everyone but the member limited to another project (the world's thread is in launchpad;
+# ``limited`` may see hangar only): the same 404 as for a missing object.
+PROJECT_READERS = {**EVERYONE, "limited": 404}
+
+
+def thread_of(world) -> dict[str, str]:
+    return {"prj": world.project.public_id, "thr": world.thread.public_id}
+
+
+def foreign_thread(world):
+    """A thread of globex, made once per world."""
+    if not hasattr(world, "foreign_thread"):
+        from kestrel_one.accounts.principal import system_principal
+        from kestrel_one.threads.services import thread_create
+
+        world.foreign_thread = thread_create(
+            actor=system_principal("tests"),
+            project=world.foreign_project,
+            title="globex secret plans",
+            mode="agent",
+        )
+    return world.foreign_thread
+
+
+def artifact_in(world, *, foreign: bool = False):
+    """A file artifact of the world's thread (or of globex's thread), made once per world."""
+    name = "foreign_artifact" if foreign else "artifact"
+    if not hasattr(world, name):
+        from kestrel_one.artifacts.services import artifact_create
+
+        thread = foreign_thread(world) if foreign else world.thread
+        setattr(
+            world,
+            name,
+            artifact_create(
+                project=thread.project,
+                thread=thread,
+                kind="file",
+                name="report.txt",
+                content=b"the report\n",
+                created_by="tests",
+            ),
+        )
+    return getattr(world, name)
+
+
+DASHBOARD: dict[str, Page] = {
+    "console_project": Page(
+        fill=lambda world: {"prj": world.project.public_id},
+        foreign=lambda world: {"prj": world.foreign_project.public_id},
+        get=dict(PROJECT_READERS),
+    ),
+    "console_thread": Page(
+        fill=thread_of,
+        # A globex thread under an acme project, and the acme thread under globex's project.
+        foreign=lambda world: {
+            "prj": world.project.public_id,
+            "thr": foreign_thread(world).public_id,
+        },
+        get=dict(PROJECT_READERS),
+    ),
+    "console_thread_timeline": Page(
+        fill=thread_of,
+        foreign=lambda world: {
+            "prj": world.foreign_project.public_id,
+            "thr": world.thread.public_id,
+        },
+        get=dict(PROJECT_READERS),
+    ),
+    "console_artifact_content": Page(
+        fill=lambda world: {"art": artifact_in(world).public_id},
+        foreign=lambda world: {"art": artifact_in(world, foreign=True).public_id},
+        get=dict(PROJECT_READERS),
+    ),
+    "console_artifact_share": Page(
+        fill=lambda world: {"art": artifact_in(world).public_id},
+        foreign=lambda world: {"art": artifact_in(world, foreign=True).public_id},
+        post_only=True,
+        posts=(
+            Post(
+                body=lambda world: {"expires_in": "3600"},
+                expect={"viewer": 403, "limited": 404, "member": 201},
+            ),
+        ),
+    ),
+}
 
 
 def foreign_work(world):
