@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from kestrel_one.console.sudo import sudo_stamp
+from kestrel_one.console.sudo import SESSION_KEY, sudo_stamp
 from tests.api.routes import console_org_routes, database_fingerprint
 from tests.api.test_cross_tenant import foreign_markers
 from tests.console.pages import MEMBERS, PAGES
@@ -35,6 +35,12 @@ def _signed_in(user, *, sudo: bool = True) -> Client:
         # The same stamp a fresh sign-in leaves (sudo.sudo_stamp), for pages that need it.
         request = type("Request", (), {"session": session})()
         sudo_stamp(request)
+        session.save()
+    else:
+        # force_login sends user_logged_in, which stamps sudo mode as a real sign-in does:
+        # an old session is one whose stamp is gone.
+        session = client.session
+        session.pop(SESSION_KEY, None)
         session.save()
     return client
 
@@ -87,8 +93,10 @@ def test_every_console_page_is_scoped_like_the_api(world):
 
         for post in page.posts:
             for name, expected in post.expect.items():
+                # Signed in first: signing in stamps last_login, which is not the write.
+                client = _signed_in(world[name].user)
                 before = database_fingerprint()
-                response = _signed_in(world[name].user).post(url, post.body(world))
+                response = client.post(url, post.body(world))
                 assert response.status_code == expected, (route.name, name, response.status_code)
                 if expected >= 400:
                     assert database_fingerprint() == before, f"{route.name}: refused but wrote"
