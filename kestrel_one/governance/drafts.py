@@ -34,7 +34,7 @@ from policies import (
     Widening,
     meet_all,
     mode_mask,
-    parse_policy,
+    parse_policy_json,
     widenings,
 )
 
@@ -47,10 +47,11 @@ def policy_draft_of(owner: Environment | Project) -> PolicyDraft | None:
 
 
 def draft_policy(draft: PolicyDraft | None) -> Policy | None:
-    """The draft as a policy: its canonical document, which was valid when it was saved."""
+    """The draft as a policy, parsed from its text as written (it was valid when saved), so
+    that widenings point at list positions as its author wrote them, as publishing does."""
     if draft is None:
         return None
-    return parse_policy(json.loads(json.dumps(draft.document)), limits=None)
+    return parse_policy_json(draft.text, limits=None)
 
 
 def pretty_document(document: dict | None) -> str:
