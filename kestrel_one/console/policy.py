@@ -122,6 +122,13 @@ class PolicyOwnerView(ConsoleView):
         draft = drafts.policy_draft_of(self.owner)
         draft_policy = drafts.draft_policy(draft)
         history = self.history()
+        names = actor_names(
+            self.organization,
+            {version.created_by for version in history["versions"]}
+            | {published.created_by if published else "", draft.updated_by if draft else ""},
+        )
+        for version in history["versions"]:
+            version.publisher = names.get(version.created_by, version.created_by)
         context: dict[str, Any] = {
             **self.owner_context(),
             "published": published,
@@ -129,7 +136,7 @@ class PolicyOwnerView(ConsoleView):
             "published_denied": drafts.denied_capabilities(published_policy),
             "published_json": drafts.pretty_document(published.document if published else None),
             "history": history,
-            "published_by": history["names"].get(published.created_by, published.created_by)
+            "published_by": names.get(published.created_by, published.created_by)
             if published
             else "",
             "draft": draft,
@@ -146,9 +153,14 @@ class PolicyOwnerView(ConsoleView):
         context["editor_text"] = text if text is not None else self.editor_text(draft)
         if draft is not None:
             context["stale_base"] = draft.base_sha256 != (published.sha256 if published else "")
-            context["diff"] = drafts.policy_diff(
-                published.document if published else None, draft.document
-            )
+            context["draft_by"] = names.get(draft.updated_by, draft.updated_by)
+            # A project without a policy of its own uses its environment's: that is what the
+            # draft changes for it.
+            base = published
+            if base is None and self.is_project:
+                base = self.environment.policy_version
+                context["diff_base"] = "environment"
+            context["diff"] = drafts.policy_diff(base.document if base else None, draft.document)
         if self.is_project:
             assert self.project is not None
             context["exceeds_now"] = project_exceeds(self.project)
@@ -190,10 +202,7 @@ class PolicyOwnerView(ConsoleView):
         ).order_by("-created_at", "-pk")
         page = Paginator(versions, HISTORY_PAGE).get_page(self.request.GET.get("page"))
         shown = list(page.object_list)
-        names = publishers(self.organization, [*shown, self.owner.policy_version])
-        for version in shown:
-            version.publisher = names.get(version.created_by, version.created_by)
-        return {"page": page, "versions": shown, "names": names}
+        return {"page": page, "versions": shown}
 
 
 class PolicyPage(PolicyOwnerView):
@@ -398,9 +407,10 @@ def error_view(error: KestrelError) -> dict[str, Any]:
     return {"message": error.message, "problems": problems, "status": error.status}
 
 
-def publishers(organization, versions) -> dict[str, str]:
-    """Who published each version, as people read it: a member's email, a token's name."""
-    ids = {version.created_by for version in versions if version is not None}
+def actor_names(organization, ids: set[str]) -> dict[str, str]:
+    """Recorded actor ids as people read them: a member's email, a token's name (two
+    queries, however many ids)."""
+    ids = ids - {""}
     names = dict(
         User.objects.filter(public_id__in=ids, memberships__organization=organization).values_list(
             "public_id", "email"
