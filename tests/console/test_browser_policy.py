@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.models import PolicyVersion
-from tests.console.browser import check_accessibility, screenshot, sign_in
+from tests.console.browser import SCREENSHOTS, check_accessibility, screenshot, sign_in
 
 # The world's environment grants fs.write on src/** and out/** only: etc/** widens it.
 WIDENING = {
@@ -76,6 +76,17 @@ def test_an_admin_edits_previews_and_publishes_a_project_policy(world, browser_p
     expect(row).to_contain_text("denied")
     screenshot(browser_page, "policy-preview")
     check_accessibility(browser_page, context="preview against history")
+    # The parts docs/console.md shows, on their own.
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#diff-heading + pre.diff").screenshot(path=str(SCREENSHOTS / "policy-diff.png"))
+    preview.screenshot(path=str(SCREENSHOTS / "policy-preview-result.png"))
+
+    # Readable on a narrow screen too: the layout collapses, nothing needs a wider window.
+    page.set_viewport_size({"width": 390, "height": 844})
+    check_accessibility(browser_page, context="project policy editor, narrow")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    screenshot(browser_page, "policy-editor-narrow")
+    page.set_viewport_size({"width": 1280, "height": 900})
 
     # Explain: the same call under the published policy and under the draft.
     page.get_by_label("Tool").select_option("fs.read")

@@ -444,3 +444,38 @@ def test_the_index_lists_environments_and_projects_with_their_versions(world):
     assert "launchpad" in html and "hangar" in html
     limited = signed_in(world["limited"].user).get("/console/acme/policy").content.decode()
     assert "hangar" in limited and "launchpad" not in limited
+
+
+def queries_for(client, url: str) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries)
+
+
+def test_the_preview_query_count_does_not_grow_with_the_recorded_actions(world):
+    owner = signed_in(world["owner"].user)
+    save(owner, prj_url(world), NARROWING)
+    owner.get(prj_url(world, "/preview"))
+    few = queries_for(owner, prj_url(world, "/preview"))
+    recorded_reads(world, [f"docs/{index}.md" for index in range(15)])
+    many = queries_for(owner, prj_url(world, "/preview"))
+    assert many == few, (few, many)
+    assert (
+        "<strong>17</strong> of 17 recorded decisions"
+        in owner.get(prj_url(world, "/preview")).content.decode()
+    )
+
+
+def test_the_index_query_count_does_not_grow_with_the_projects(world):
+    from tests.factories import ProjectFactory
+
+    viewer = signed_in(world["viewer"].user)
+    viewer.get("/console/acme/policy")
+    few = queries_for(viewer, "/console/acme/policy")
+    for index in range(10):
+        project = ProjectFactory(
+            organization=world.org, environment=world.environment, name=f"extra-{index}"
+        )
+        policy_publish_project(actor=ACTOR, project=project, document=NARROWING)
+    many = queries_for(viewer, "/console/acme/policy")
+    assert many == few, (few, many)
