@@ -479,3 +479,64 @@ def test_the_index_query_count_does_not_grow_with_the_projects(world):
         policy_publish_project(actor=ACTOR, project=project, document=NARROWING)
     many = queries_for(viewer, "/console/acme/policy")
     assert many == few, (few, many)
+
+
+def test_a_draft_over_a_cap_names_the_list_and_the_setting(world):
+    document = {"capabilities": {"fs.read": {"paths": [f"d{index}/**" for index in range(300)]}}}
+    response = save(signed_in(world["owner"].user), prj_url(world), document)
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "<code>capabilities.fs.read.paths</code>" in html
+    assert "KESTREL_POLICY_MAX_PATHS" in html
+
+
+def test_the_readable_view_names_what_each_capability_grants():
+    policy = parse_policy(
+        {
+            "capabilities": {
+                "fs.write": {"paths": ["src/**"], "approval": "always"},
+                "shell.exec": {"commands": ["make"], "env": ["GH"], "limits": {"timeout_s": 30}},
+                "net.http": {"allow": ["https://api.github.com:443"]},
+                "mcp.call": {
+                    "servers": {"github": {"tools": ["search", "merge"], "dangerous": ["merge"]}}
+                },
+            }
+        }
+    )
+    views = {view.capability: view for view in drafts.grants_view(policy)}
+    assert views["fs.write"].approval == "always"
+    assert ("Paths", ["src/**"]) in views["fs.write"].fields
+    shell = views["shell.exec"]
+    assert ("Commands", ["make"]) in shell.fields
+    assert ("Environment variables", ["GH"]) in shell.fields
+    assert ("timeout_s", 30) in shell.limits and ("memory_mb", 2048) in shell.limits
+    assert shell.modes.startswith("agent mode only")
+    assert ("Hosts (origins)", ["https://api.github.com:443"]) in views["net.http"].fields
+    assert views["net.http"].modes.startswith("every mode")
+    assert ("MCP server github: tools", ["merge", "search", "merge (dangerous, opted in)"]) in (
+        views["mcp.call"].fields
+    )
+    assert drafts.denied_capabilities(policy) == [
+        "adapter.invoke",
+        "code.exec",
+        "fs.read",
+        "model.invoke",
+    ]
+
+
+def test_the_preview_also_lists_decisions_a_draft_would_loosen(world):
+    from tests.conftest import ENVIRONMENT_POLICY
+
+    looser = json.loads(json.dumps(ENVIRONMENT_POLICY))
+    looser["capabilities"]["shell.exec"]["approval"] = "never"
+    preview = decisions_preview(
+        principal=system_principal("tests"),
+        organization=world.org,
+        days=14,
+        limit=100,
+        environment=world.environment,
+        environment_draft=parse_policy(looser),
+    )
+    assert [(c.action.public_id, c.recorded, c.draft) for c in preview.changed] == [
+        (world.action.public_id, "needs_approval", "allow")
+    ]
