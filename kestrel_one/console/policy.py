@@ -39,7 +39,10 @@ from policies import Mode
 from runners.contract.registry import TOOLS
 
 READ, PUBLISH, CALLS = "org:read", "policies:write", "projects:read"
-HISTORY_PAGE = 50
+# Rows per page of the history and of the index's projects, newest or by name.
+PAGE_SIZE = 50
+# The most projects an environment draft is checked against on one page load (by name).
+MAX_PROJECTS_CHECKED = 500
 # The explain panel's arguments field: a tool call's arguments are small.
 MAX_EXPLAIN_ARGS = 16 * 1024
 # An action's arguments in the preview table: enough to recognise the call.
@@ -169,6 +172,8 @@ class PolicyOwnerView(ConsoleView):
                 context["widenings"] = drafts.project_draft_widenings(self.project, draft_policy)
         else:
             projects = self.environment_projects()
+            context["projects_truncated"] = len(projects) > MAX_PROJECTS_CHECKED
+            projects = projects[:MAX_PROJECTS_CHECKED]
             context["project_count"] = len(projects)
             if draft_policy is not None:
                 capped, inheriting = drafts.projects_capped(projects, draft_policy)
@@ -193,14 +198,14 @@ class PolicyOwnerView(ConsoleView):
             Project.objects.visible_to(self.principal, self.organization)
             .filter(environment=self.environment)
             .select_related("policy_version")
-            .order_by("name")
+            .order_by("name")[: MAX_PROJECTS_CHECKED + 1]
         )
 
     def history(self):
         versions = PolicyVersion.objects.filter(
             organization=self.organization, **services.draft_owner(self.owner)
         ).order_by("-created_at", "-pk")
-        page = Paginator(versions, HISTORY_PAGE).get_page(self.request.GET.get("page"))
+        page = Paginator(versions, PAGE_SIZE).get_page(self.request.GET.get("page"))
         shown = list(page.object_list)
         return {"page": page, "versions": shown}
 
@@ -357,7 +362,7 @@ class PolicyIndex(ConsoleView):
             .select_related("policy_version", "environment")
             .order_by("name")
         )
-        page = Paginator(projects, HISTORY_PAGE).get_page(request.GET.get("page"))
+        page = Paginator(projects, PAGE_SIZE).get_page(request.GET.get("page"))
         return self.page(
             "console/policy/index.html",
             {"environments": environments, "projects": page},
@@ -371,7 +376,7 @@ def explain_form_context(view: PolicyOwnerView, values) -> dict[str, Any]:
             Project.objects.visible_to(view.principal, view.organization)
             .filter(environment=view.environment)
             .order_by("name")
-            .values_list("public_id", "name")[:HISTORY_PAGE]
+            .values_list("public_id", "name")[:PAGE_SIZE]
         )
     return {
         "tools": sorted(TOOLS),
