@@ -460,6 +460,11 @@ KESTREL_POLICY_LIMITS = {
     "adapters": env_int("KESTREL_POLICY_MAX_ADAPTERS", 32),
     "operations": env_int("KESTREL_POLICY_MAX_OPERATIONS", 128),
 }
+# The policy console's preview (docs/console.md#policy-console) replays the recorded decisions
+# of the last KESTREL_POLICY_PREVIEW_DAYS against a draft, at most the newest
+# KESTREL_POLICY_PREVIEW_MAX_ACTIONS of them, so one preview stays a bounded amount of work.
+KESTREL_POLICY_PREVIEW_DAYS = max(env_int("KESTREL_POLICY_PREVIEW_DAYS", 14), 1)
+KESTREL_POLICY_PREVIEW_MAX_ACTIONS = max(env_int("KESTREL_POLICY_PREVIEW_MAX_ACTIONS", 5000), 1)
 
 # Execution needs a broker (Redis). When it does not answer, requests that would run
 # something are refused with a clear error rather than queued where nothing will ever take

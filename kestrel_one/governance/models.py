@@ -63,3 +63,56 @@ class PolicyVersion(models.Model):
         if self.pk is not None:
             raise ValueError("policy versions are immutable; publish a new version instead")
         super().save(*args, **kwargs)
+
+
+class PolicyDraft(models.Model):
+    """The one unpublished policy document an environment or a project is being edited
+    towards: saved as written, valid, and replaced by each save until it is published."""
+
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="policy_drafts"
+    )
+    environment = models.OneToOneField(
+        "tenancy.Environment",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_draft",
+    )
+    project = models.OneToOneField(
+        "tenancy.Project",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_draft",
+    )
+    # The JSON text as its author wrote it (what the editor shows and what is published, so
+    # that repeated keys and list positions stay visible to the strict parser), and the
+    # canonical document and content hash it parsed to when it was saved.
+    text = models.TextField()
+    document = models.JSONField()
+    sha256 = models.CharField(max_length=64)
+    # The published version the draft was saved against (public id and hash), so the editor
+    # can say when someone published since.
+    base_version = models.CharField(max_length=40, blank=True, default="")
+    base_sha256 = models.CharField(max_length=64, blank=True, default="")
+    updated_by = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(environment__isnull=False) & Q(project__isnull=True))
+                | (Q(environment__isnull=True) & Q(project__isnull=False)),
+                name="policy_draft_has_one_owner",
+            )
+        ]
+
+    def __str__(self) -> str:
+        owner = (
+            f"environment {self.environment_id}"
+            if self.environment_id
+            else f"project {self.project_id}"
+        )
+        return f"draft of {owner} ({self.sha256[:12]})"

@@ -8,8 +8,8 @@ from django.conf import settings
 from django.db import transaction
 
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import KestrelError, ValidationFailed
-from kestrel_one.governance.models import PolicyVersion
+from kestrel_one.common.errors import Conflict, KestrelError, ValidationFailed
+from kestrel_one.governance.models import PolicyDraft, PolicyVersion
 from kestrel_one.governance.selectors import environment_ceiling, policy_of
 from kestrel_one.tenancy.models import Environment, Project
 from kestrel_one.webhooks.services import webhook_emit_policy_published
@@ -139,4 +139,88 @@ def policy_publish_project(*, actor, project: Project, document: bytes | dict) -
     # Re-check what was stored, inside the transaction, against the locked ceiling.
     if widenings(policy_of(version), environment_ceiling(environment)):
         raise PolicyWidens("The stored policy escaped its environment; nothing was published.")
+    return version
+
+
+def draft_owner(owner: Environment | Project) -> dict:
+    """The lookup of ``owner``'s draft: one draft per environment or project."""
+    if isinstance(owner, Environment):
+        return {"environment": owner}
+    return {"project": owner}
+
+
+@transaction.atomic
+def policy_draft_save(*, actor, owner: Environment | Project, text: str) -> PolicyDraft:
+    """Save the draft of ``owner``'s next policy, replacing the one before.
+
+    Held to exactly what publishing holds a document to (``_parse``: the strict parser,
+    within the caps), so a draft that saves is one that can be published, except for a
+    project draft that widens its environment: that one saves, so the editor can name every
+    widening, and publishing it is refused with them (``policy_publish_project``).
+    """
+    policy = _parse(text.encode("utf-8", "surrogatepass"))
+    base = owner.policy_version
+    draft, _ = PolicyDraft.objects.update_or_create(
+        **draft_owner(owner),
+        defaults={
+            "organization": owner.organization,
+            "text": text,
+            "document": policy.to_document(),
+            "sha256": policy.sha256(),
+            "base_version": base.public_id if base else "",
+            "base_sha256": base.sha256 if base else "",
+            "updated_by": actor.actor_id,
+        },
+    )
+    audit_record(
+        organization=owner.organization,
+        actor=actor,
+        action="policy.draft_save",
+        target=owner,
+        data={"sha256": draft.sha256, "base_version": draft.base_version or None},
+    )
+    return draft
+
+
+@transaction.atomic
+def policy_draft_discard(*, actor, owner: Environment | Project) -> bool:
+    """Throw ``owner``'s draft away; False when there was none."""
+    deleted, _ = PolicyDraft.objects.filter(**draft_owner(owner)).delete()
+    if deleted:
+        audit_record(
+            organization=owner.organization,
+            actor=actor,
+            action="policy.draft_discard",
+            target=owner,
+        )
+    return bool(deleted)
+
+
+class DraftChanged(Conflict):
+    code = "draft_changed"
+
+
+@transaction.atomic
+def policy_draft_publish(
+    *, actor, owner: Environment | Project, expected_sha256: str
+) -> PolicyVersion:
+    """Publish ``owner``'s draft through the publish service of its kind, then drop it.
+
+    ``expected_sha256`` is the hash of the draft the person looked at: if the draft was
+    saved again since, nothing is published, so nobody publishes a document they did not see.
+    """
+    draft = PolicyDraft.objects.select_for_update().filter(**draft_owner(owner)).first()
+    if draft is None:
+        raise DraftChanged("There is no draft to publish: it was published or discarded.")
+    if draft.sha256 != expected_sha256:
+        raise DraftChanged(
+            "The draft was saved again since you loaded this page; nothing was published. "
+            "Review the draft as it is now, then publish it."
+        )
+    document = draft.text.encode("utf-8", "surrogatepass")
+    if isinstance(owner, Environment):
+        version = policy_publish_environment(actor=actor, environment=owner, document=document)
+    else:
+        version = policy_publish_project(actor=actor, project=owner, document=document)
+    draft.delete()
     return version

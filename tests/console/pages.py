@@ -9,6 +9,7 @@ Each part of the console keeps its entries in its own dictionary below; ``PAGES`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -224,7 +225,50 @@ APPROVALS: dict[str, Page] = {
     ),
 }
 
-POLICY: dict[str, Page] = {}
+
+def _policy_pages() -> dict[str, Page]:
+    """The policy console: for an environment and for a project, the editor (POST saves a
+    draft), publish (sudo), discard, preview and explain."""
+    narrower = json.dumps({"capabilities": {"fs.read": {"paths": ["src/**"]}}})
+    owners = {
+        "console_environment_policy": (
+            lambda world: {"env": world.environment.public_id},
+            lambda world: {"env": world.foreign_environment.public_id},
+            dict(EVERYONE),
+        ),
+        "console_project_policy": (
+            lambda world: {"prj": world.project.public_id},
+            lambda world: {"prj": world.foreign_project.public_id},
+            # The limited member sees only the other project: this one is a 404 for them.
+            {**EVERYONE, "limited": 404},
+        ),
+    }
+    refused = {"viewer": 403, "member": 403}
+    pages = {"console_policy": Page()}
+    for name, (fill, foreign, get) in owners.items():
+        pages[name] = Page(
+            fill=fill,
+            foreign=foreign,
+            get=get,
+            posts=(
+                Post(body=lambda world: {"document": narrower}, expect={**refused, "admin": 303}),
+            ),
+        )
+        pages[f"{name}_publish"] = Page(
+            fill=fill,
+            foreign=foreign,
+            post_only=True,
+            posts=(Post(body=lambda world: {"draft_sha256": "0" * 64}, expect=refused, sudo=True),),
+        )
+        pages[f"{name}_discard"] = Page(
+            fill=fill, foreign=foreign, post_only=True, posts=(Post(body=lambda world: {}),)
+        )
+        pages[f"{name}_preview"] = Page(fill=fill, foreign=foreign, get=get)
+        pages[f"{name}_explain"] = Page(fill=fill, foreign=foreign, get=get)
+    return pages
+
+
+POLICY: dict[str, Page] = _policy_pages()
 
 ADMINISTRATION: dict[str, Page] = {
     "console_tokens": Page(
