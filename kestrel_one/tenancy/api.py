@@ -18,6 +18,7 @@ from kestrel_one.api.serializers import (
 )
 from kestrel_one.tenancy import services
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
+from kestrel_one.tenancy.selectors import memberships_of
 
 READ = "org:read"
 
@@ -151,7 +152,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
     filterset_fields = {"role": ["exact"]}
 
     def restrict(self, queryset):
-        return queryset.select_related("user")
+        return memberships_of(self.organization)
 
     @extend_schema(request=MemberCreateSerializer, responses={201: MemberAddedSerializer})
     def create(self, request, *args, **kwargs):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from kestrel_one.console.sudo import SESSION_KEY as SUDO_SESSION_KEY
 from kestrel_one.console.sudo import sudo_stamp
 from tests.api.routes import console_org_routes, database_fingerprint
 from tests.api.test_cross_tenant import foreign_markers
@@ -30,12 +31,15 @@ def _url(route, world, kwargs: dict[str, str], org: str = "acme") -> str:
 def _signed_in(user, *, sudo: bool = True) -> Client:
     client = Client()
     client.force_login(user)
+    session = client.session
     if sudo:
-        session = client.session
         # The same stamp a fresh sign-in leaves (sudo.sudo_stamp), for pages that need it.
         request = type("Request", (), {"session": session})()
         sudo_stamp(request)
-        session.save()
+    else:
+        # force_login signs in, which stamps too: a session signed in long ago has none.
+        session.pop(SUDO_SESSION_KEY, None)
+    session.save()
     return client
 
 
@@ -87,8 +91,10 @@ def test_every_console_page_is_scoped_like_the_api(world):
 
         for post in page.posts:
             for name, expected in post.expect.items():
+                # Signed in first: signing in records the person's last_login.
+                person = _signed_in(world[name].user)
                 before = database_fingerprint()
-                response = _signed_in(world[name].user).post(url, post.body(world))
+                response = person.post(url, post.body(world))
                 assert response.status_code == expected, (route.name, name, response.status_code)
                 if expected >= 400:
                     assert database_fingerprint() == before, f"{route.name}: refused but wrote"
