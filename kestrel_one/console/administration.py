@@ -601,10 +601,24 @@ class WebhooksView(ConsoleView):
 
 class WebhookView(ConsoleView):
     """``/console/{org}/webhooks/{whk}``: one endpoint and its deliveries, newest first, with
-    their attempts and last answer; a finished delivery can be sent again."""
+    their attempts and last answer; a finished delivery can be sent again. POST switches the
+    endpoint on or off, as the API's ``PATCH {"enabled"}`` (switching on clears its failure
+    record, so the deliveries of a disabled endpoint can be sent again)."""
 
-    scope_map = {"GET": "webhooks:write"}
+    scope_map = {"GET": "webhooks:write", "POST": "webhooks:write"}
     section = "webhooks"
+
+    def post(self, request, org: str, whk: str):
+        enabled = request.POST.get("enabled")
+        if enabled not in {"on", "off"}:
+            return self.webhook_page(status=400, error="Choose to switch the endpoint on or off.")
+        try:
+            webhook_services.webhook_endpoint_update(
+                actor=self.principal, endpoint=self.endpoint, enabled=enabled == "on"
+            )
+        except KestrelError as error:
+            return self.webhook_page(status=error.status, error=error.message)
+        return _back(self.request.path, switched=enabled)
 
     def resolve_parents(self, **kwargs: Any) -> None:
         self.endpoint = (
@@ -626,6 +640,7 @@ class WebhookView(ConsoleView):
             "deliveries": deliveries,
             "finished": {DeliveryState.FAILED, DeliveryState.DELIVERED},
             "redelivered": self.request.GET.get("redelivered", "")[:40],
+            "switched": self.request.GET.get("switched", ""),
             "error": error,
         }
         return self.page(TEMPLATES + "webhook.html", context, status=status)

@@ -209,6 +209,7 @@ ADMINISTRATION: dict[str, Page] = {
         fill=lambda world: {"whk": acme_webhook(world)["whk"]},
         foreign=lambda world: {"whk": foreign_webhook(world)["whk"]},
         get=dict(ADMINS),
+        posts=(Post(body=lambda world: {"enabled": "off"}, expect={"viewer": 403, "member": 403}),),
     ),
     "console_webhook_redeliver": Page(
         fill=acme_webhook,

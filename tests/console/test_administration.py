@@ -18,6 +18,7 @@ from django.utils import timezone
 from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.accounts.scopes import Role
+from kestrel_one.accounts.services import token_create
 from kestrel_one.artifacts.models import OrganizationRetention
 from kestrel_one.audit.heads import verified_head_claims
 from kestrel_one.audit.models import AuditRecord
@@ -386,3 +387,60 @@ def test_a_finished_delivery_is_redelivered(world):
     refused = client.post(url)
     assert refused.status_code == 409
     assert "it will be attempted anyway" in refused.content.decode()
+
+
+def test_an_endpoint_is_switched_off_and_on(world):
+    ids = acme_webhook(world)
+    client = signed_in(world["admin"].user)
+    url = f"/console/acme/webhooks/{ids['whk']}"
+    assert client.post(url, {"enabled": "off"}).status_code == 303
+    endpoint = WebhookEndpoint.objects.get(public_id=ids["whk"])
+    assert not endpoint.enabled
+    redeliver = f"{url}/deliveries/{ids['dlv']}/redeliver"
+    refused = client.post(redeliver)
+    assert refused.status_code == 409 and "This endpoint is disabled" in refused.content.decode()
+    assert client.post(url, {"enabled": "on"}).status_code == 303
+    endpoint.refresh_from_db()
+    assert endpoint.enabled
+    assert client.post(redeliver).status_code == 303
+
+
+def test_the_tokens_page_makes_as_many_queries_for_many_tokens(world):
+    client = signed_in(world["owner"].user)
+    few = _queries(client, "/console/acme/tokens")
+    for index in range(25):
+        for name in ("owner", "viewer"):
+            token_create(
+                actor=system_principal("tests"),
+                organization=world.org,
+                name=f"{name} extra {index}",
+                scopes=["org:read"],
+                user=world[name].user,
+            )
+    assert _queries(client, "/console/acme/tokens") == few
+
+
+def test_no_administration_page_carries_a_stored_secret(world):
+    """Token hashes, webhook secrets (sealed or not), runner keys and broker hashes never
+    reach a page; the one-time secrets are checked above."""
+    ids = acme_webhook(world)
+    endpoint = WebhookEndpoint.objects.get(public_id=ids["whk"])
+    stored = [endpoint.secret_encrypted, world.runner.public_key.splitlines()[1]]
+    stored += [t.secret_hash for t in ApiToken.objects.filter(organization=world.org)]
+    if world.runner.broker_password_sha256:
+        stored.append(world.runner.broker_password_sha256)
+    client = signed_in(world["owner"].user)
+    for path in (
+        "/console/acme/tokens",
+        "/console/acme/members",
+        f"/console/acme/members/{world['member'].membership.public_id}",
+        "/console/acme/runners",
+        "/console/acme/audit",
+        "/console/acme/retention",
+        "/console/acme/webhooks",
+        f"/console/acme/webhooks/{ids['whk']}",
+    ):
+        html = client.get(path).content.decode()
+        assert not [value for value in stored if value and value in html], path
+    verified = client.post("/console/acme/audit/verify").content.decode()
+    assert not [value for value in stored if value and value in verified]
