@@ -444,3 +444,16 @@ def test_no_administration_page_carries_a_stored_secret(world):
         assert not [value for value in stored if value and value in html], path
     verified = client.post("/console/acme/audit/verify").content.decode()
     assert not [value for value in stored if value and value in verified]
+
+
+def test_the_last_owner_cannot_leave_and_is_told_why(world):
+    owner = world["owner"]
+    client = signed_in(owner.user)
+    refused = client.post(f"/console/acme/members/{owner.membership.public_id}/remove")
+    assert refused.status_code == 409
+    assert "An organization must keep at least one owner." in refused.content.decode()
+    assert Membership.objects.filter(pk=owner.membership.pk).exists()
+    # Anyone else with members:write may leave: back to their organizations.
+    admin = world["admin"]
+    left = signed_in(admin.user).post(f"/console/acme/members/{admin.membership.public_id}/remove")
+    assert left.status_code == 303 and left["Location"] == "/console/"
