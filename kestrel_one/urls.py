@@ -12,9 +12,6 @@ urlpatterns = [
         name="set_password",
     ),
     path("logout", account_views.logout_view, name="logout"),
-    path(
-        "console/<slug:org>/tokens", account_views.TokenCreateView.as_view(), name="console_tokens"
-    ),
     path("", include("kestrel_one.console.urls")),
     path("", account_views.home, name="home"),
     path("admin/", admin.site.urls),

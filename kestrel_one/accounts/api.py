@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.scopes import SCOPES
+from kestrel_one.accounts.selectors import tokens_visible_to
 from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.api.base import OrgScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer, named_among
@@ -107,12 +108,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedVi
     lookup_url_kwarg = "id"
 
     def restrict(self, queryset):
-        queryset = queryset.select_related("user", "parent").prefetch_related("projects")
-        if "tokens:admin" in self.principal.scopes_in(self.organization):
-            return queryset
-        if self.principal.user is None:
-            return queryset.none()
-        return queryset.filter(user=self.principal.user)
+        return tokens_visible_to(principal=self.principal, organization=self.organization)
 
     @extend_schema(request=TokenCreateSerializer, responses={201: TokenCreatedSerializer})
     def create(self, request, *args, **kwargs):

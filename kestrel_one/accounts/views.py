@@ -5,27 +5,20 @@ The session serves the console only; the REST API never accepts it.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django import forms
 from django.conf import settings
 from django.contrib.auth import authenticate, login, logout
 from django.contrib.auth.forms import SetPasswordForm
-from django.contrib.auth.mixins import LoginRequiredMixin
 from django.contrib.auth.views import PasswordResetConfirmView
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse_lazy
-from django.utils import timezone
 from django.views import View
 from django.views.decorators.http import require_POST
 
 from kestrel_one.accounts.backends import server_token_sign_in_enabled
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.scopes import SCOPES
-from kestrel_one.accounts.services import token_create, user_password_set
+from kestrel_one.accounts.services import user_password_set
 from kestrel_one.accounts.sign_in_links import sign_in_link_tokens, sign_in_link_user
-from kestrel_one.common.errors import KestrelError
 from kestrel_one.console.sudo import safe_next
 
 
@@ -147,68 +140,6 @@ class SetPasswordView(PasswordResetConfirmView):
 def logout_view(request):
     logout(request)
     return redirect(settings.LOGIN_URL)
-
-
-class TokenForm(forms.Form):
-    """A person's own token, made from the console: the only place (besides an operator's
-    command) a token gets ``actions:approve``. A token made here is the root of its lineage."""
-
-    name = forms.CharField(max_length=200)
-    scopes = forms.MultipleChoiceField(
-        choices=sorted((scope, scope) for scope in SCOPES), widget=forms.CheckboxSelectMultiple
-    )
-    days = forms.IntegerField(
-        required=False, min_value=1, help_text="Lifetime in days; the default when empty."
-    )
-
-
-class TokenCreateView(LoginRequiredMixin, View):
-    """``/console/{org}/tokens``: create a token for yourself from a signed-in session; its
-    secret is shown once. An organization the person does not belong to is a 404."""
-
-    def _membership(self, request, org: str):
-        membership = (
-            request.user.memberships.select_related("organization")
-            .filter(organization__slug=org)
-            .first()
-        )
-        if membership is None:
-            raise Http404
-        return membership
-
-    def _page(self, request, membership, context, status=200):
-        return render(
-            request,
-            "accounts/tokens.html",
-            {"organization": membership.organization, "role": membership.role, **context},
-            status=status,
-        )
-
-    def get(self, request, org: str):
-        return self._page(request, self._membership(request, org), {"form": TokenForm()})
-
-    def post(self, request, org: str):
-        membership = self._membership(request, org)
-        form = TokenForm(request.POST)
-        if not form.is_valid():
-            return self._page(request, membership, {"form": form}, status=400)
-        data = form.cleaned_data
-        days = data.get("days")
-        try:
-            token, plaintext = token_create(
-                actor=Principal(PrincipalKind.SESSION, user=request.user),
-                organization=membership.organization,
-                name=data["name"],
-                scopes=data["scopes"],
-                expires_at=timezone.now() + timedelta(days=days) if days else None,
-            )
-        except KestrelError as exc:
-            form.add_error(None, exc.message)
-            return self._page(request, membership, {"form": form}, status=exc.status)
-        response = self._page(request, membership, {"token": token, "plaintext": plaintext})
-        # The secret is shown once: no cache keeps it.
-        response["Cache-Control"] = "no-store"
-        return response
 
 
 def home(request):

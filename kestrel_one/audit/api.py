@@ -19,7 +19,7 @@ from kestrel_one.api.pagination import PublicIdCursorPagination
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.audit.heads import audit_head_sign
 from kestrel_one.audit.models import AuditChain, AuditRecord
-from kestrel_one.audit.selectors import audit_records_filter
+from kestrel_one.audit.selectors import audit_records_chained, audit_records_filter
 from kestrel_one.audit.services import audit_chain_settle
 from kestrel_one.common.redaction import bounded, redact_text
 
@@ -107,7 +107,7 @@ class AuditRecordViewSet(mixins.ListModelMixin, OrgScopedViewSet):
 
     def restrict(self, queryset):
         # Records still waiting to be chained have no sequence yet; ``list`` chains them first.
-        return queryset.filter(sequence__isnull=False)
+        return audit_records_chained(self.organization)
 
     def list(self, request, *args, **kwargs):
         audit_chain_settle(self.organization)

@@ -150,6 +150,13 @@ def _verify(organization) -> VerifyResult:
     return VerifyResult(ok=True, **result)
 
 
+def audit_records_chained(organization):
+    """The organization's records that are in the chain (a record waiting to be chained has
+    no sequence yet: readers settle the chain first, ``audit_chain_settle``). The API's audit
+    list and the console's audit page read this."""
+    return AuditRecord.objects.filter(organization=organization, sequence__isnull=False)
+
+
 def audit_records_filter(
     queryset,
     *,

@@ -14,11 +14,16 @@ import re
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import KestrelError, Unavailable, ValidationFailed
+from kestrel_one.common.errors import (
+    KestrelError,
+    PermissionDenied,
+    Unavailable,
+    ValidationFailed,
+)
 from kestrel_one.execution.broker_users import (
     runner_broker_user_issue,
     runner_broker_user_remove,
@@ -174,3 +179,24 @@ def runner_revoke(*, actor, runner: Runner) -> Runner:
             data={"pool": runner.pool},
         )
     return runner
+
+
+def runners_serving(organization) -> QuerySet[Runner]:
+    """The runners that serve ``organization``: its own (revoked ones too, so their history
+    shows), and the active shared runners of the default pool its calls may go to. The API's
+    runner list and the console's runners page both read this."""
+    return Runner.objects.filter(
+        Q(organization=organization)
+        | Q(organization__isnull=True, pool=settings.KESTREL_DEFAULT_POOL, revoked_at__isnull=True)
+    )
+
+
+def runner_revoke_for_organization(*, actor, runner: Runner) -> Runner:
+    """A member's revocation (API or console): only the organization's own runners. A shared
+    runner holds nothing of any one organization and serves them all; it is the operator's."""
+    if runner.organization_id is None:
+        raise PermissionDenied(
+            "This runner is shared by every organization on this service; only the "
+            "operator can revoke it (python manage.py runner_revoke)."
+        )
+    return runner_revoke(actor=actor, runner=runner)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
-from django.conf import settings
-from django.db.models import Q
 from rest_framework import mixins, serializers
 from rest_framework.response import Response
 
 from kestrel_one.api.base import OrgScopedViewSet
-from kestrel_one.common.errors import PermissionDenied
-from kestrel_one.execution.enrollment import runner_revoke
+from kestrel_one.execution.enrollment import runner_revoke_for_organization, runners_serving
 from kestrel_one.execution.models import Runner
 
 
@@ -65,17 +62,8 @@ class RunnerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgScopedV
     filterset_fields = {"pool": ["exact"]}
 
     def restrict(self, queryset):
-        return queryset.filter(
-            Q(organization__isnull=False)
-            | Q(pool=settings.KESTREL_DEFAULT_POOL, revoked_at__isnull=True)
-        )
+        return runners_serving(self.organization)
 
     def destroy(self, request, *args, **kwargs):
-        runner = self.get_object()
-        if runner.organization_id is None:
-            raise PermissionDenied(
-                "This runner is shared by every organization on this service; only the "
-                "operator can revoke it (python manage.py runner_revoke)."
-            )
-        runner = runner_revoke(actor=self.principal, runner=runner)
+        runner = runner_revoke_for_organization(actor=self.principal, runner=self.get_object())
         return Response(RunnerSerializer(runner).data)

@@ -18,6 +18,7 @@ from kestrel_one.api.serializers import (
 )
 from kestrel_one.tenancy import services
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
+from kestrel_one.tenancy.selectors import member_project_grants, memberships_of
 
 READ = "org:read"
 
@@ -83,14 +84,11 @@ class MemberSerializer(serializers.ModelSerializer):
     def get_projects(self, membership) -> list[str] | None:
         if membership.all_projects:
             return None
-        return sorted(
-            Project.objects.filter(
-                organization=membership.organization_id,
-                user_permissions__user=membership.user_id,
-            )
-            .values_list("public_id", flat=True)
-            .distinct()
-        )
+        # A list has its page's grants read at once (MembershipViewSet.get_serializer).
+        grants = self.context.get("grants")
+        if grants is None:
+            grants = member_project_grants([membership])
+        return sorted(project.public_id for project in grants.get(membership.user_id, []))
 
 
 class MemberAddedSerializer(MemberSerializer):
@@ -151,7 +149,18 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
     filterset_fields = {"role": ["exact"]}
 
     def restrict(self, queryset):
-        return queryset.select_related("user")
+        return memberships_of(self.organization)
+
+    def get_serializer(self, *args, **kwargs):
+        if kwargs.get("many") and args:
+            # One query for the limited members' projects of the whole page, not one each.
+            rows = list(args[0])
+            kwargs["context"] = {
+                **self.get_serializer_context(),
+                "grants": member_project_grants(rows),
+            }
+            args = (rows, *args[1:])
+        return super().get_serializer(*args, **kwargs)
 
     @extend_schema(request=MemberCreateSerializer, responses={201: MemberAddedSerializer})
     def create(self, request, *args, **kwargs):

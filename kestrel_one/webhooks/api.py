@@ -15,6 +15,7 @@ from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.webhooks import services
 from kestrel_one.webhooks.events import EVENT_TYPES
 from kestrel_one.webhooks.models import WebhookDelivery, WebhookEndpoint
+from kestrel_one.webhooks.selectors import deliveries_for_endpoint, webhook_endpoints_of
 from kestrel_one.webhooks.services import MAX_ROTATION_OVERLAP_SECONDS
 
 ADMIN = "webhooks:write"
@@ -183,15 +184,15 @@ class WebhookDeliveryViewSet(mixins.ListModelMixin, OrgScopedViewSet):
     filterset_fields = {"state": ["exact"]}
 
     def resolve_parents(self, **kwargs) -> None:
-        endpoint = WebhookEndpoint.objects.filter(
-            organization=self.organization, public_id=kwargs.get("id")
-        ).first()
+        endpoint = (
+            webhook_endpoints_of(self.organization).filter(public_id=kwargs.get("id")).first()
+        )
         if endpoint is None:
             raise NotFound()
         self.endpoint = endpoint
 
     def restrict(self, queryset):
-        return queryset.filter(endpoint=self.endpoint).select_related("message", "endpoint")
+        return deliveries_for_endpoint(endpoint=self.endpoint)
 
     @extend_schema(request=None, responses={200: WebhookDeliverySerializer})
     def retry(self, request, *args, **kwargs):

@@ -19,8 +19,13 @@ def endpoints_subscribed(*, organization, event_type: str) -> list[WebhookEndpoi
     ]
 
 
+def webhook_endpoints_of(organization) -> QuerySet[WebhookEndpoint]:
+    """The organization's endpoints (who may read them is the caller's ``webhooks:write``)."""
+    return WebhookEndpoint.objects.filter(organization=organization)
+
+
 def deliveries_for_endpoint(*, endpoint: WebhookEndpoint) -> QuerySet[WebhookDelivery]:
-    return WebhookDelivery.objects.filter(endpoint=endpoint).select_related("message")
+    return WebhookDelivery.objects.filter(endpoint=endpoint).select_related("message", "endpoint")
 
 
 def deliveries_due_filter(now: datetime) -> Q:

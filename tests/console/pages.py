@@ -270,14 +270,169 @@ def _policy_pages() -> dict[str, Page]:
 
 POLICY: dict[str, Page] = _policy_pages()
 
+
+def _made(world, name: str, make: Callable[[], object]):
+    """An object a page needs that the shared world does not hold, made once per world."""
+    if not hasattr(world, name):
+        setattr(world, name, make())
+    return getattr(world, name)
+
+
+def _webhook(world, organization):
+    """An endpoint of ``organization`` with one failed delivery (which may be sent again)."""
+    from kestrel_one.accounts.principal import system_principal
+    from kestrel_one.webhooks.models import WebhookDelivery, WebhookMessage
+    from kestrel_one.webhooks.services import webhook_endpoint_create
+
+    endpoint, _ = webhook_endpoint_create(
+        actor=system_principal("tests"),
+        organization=organization,
+        url=f"https://hooks.{organization.slug}.example.com/kestrel",
+        event_types=["action.succeeded"],
+    )
+    message = WebhookMessage.objects.create(
+        organization=organization, event_type="action.succeeded", body="{}"
+    )
+    delivery = WebhookDelivery.objects.create(
+        organization=organization, endpoint=endpoint, message=message, state="failed", attempts=3
+    )
+    return endpoint, delivery
+
+
+def acme_webhook(world) -> dict[str, str]:
+    endpoint, delivery = _made(world, "acme_webhook", lambda: _webhook(world, world.org))
+    return {"whk": endpoint.public_id, "dlv": delivery.public_id}
+
+
+def foreign_webhook(world) -> dict[str, str]:
+    endpoint, delivery = _made(world, "globex_webhook", lambda: _webhook(world, world.other_org))
+    return {"whk": endpoint.public_id, "dlv": delivery.public_id}
+
+
+def foreign_runner(world) -> dict[str, str]:
+    from kestrel_one.accounts.principal import system_principal
+    from kestrel_one.execution.enrollment import runner_enroll
+    from runners.contract.tokens import generate_private_key_pem, public_key_pem
+
+    runner = _made(
+        world,
+        "globex_runner",
+        lambda: runner_enroll(
+            actor=system_principal("tests"),
+            organization=world.other_org,
+            pool="globex-pool",
+            public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+        ),
+    )
+    return {"run": runner.public_id}
+
+
+# Writes only owners and admins may make: the rest of the organization is refused.
+NOT_MEMBERS = {"viewer": 403, "member": 403, "limited": 403}
+
 ADMINISTRATION: dict[str, Page] = {
+    # Everyone makes their own tokens (tokens:write), never with a scope they lack; one that
+    # can approve needs sudo mode.
     "console_tokens": Page(
         posts=(
             Post(
                 body=lambda world: {"name": "walker", "scopes": ["org:read"]},
                 expect={"viewer": 200},
             ),
+            Post(
+                body=lambda world: {"name": "deciding", "scopes": ["org:read", "actions:approve"]},
+                # A viewer lacks the scope (a 403, test_token_lineage.py); the viewer may still
+                # make other tokens, so their page keeps its forms.
+                expect={"member": 200},
+                sudo=True,
+            ),
         )
+    ),
+    # The owner's token: someone else's, which only tokens:admin sees, and an admin may not
+    # revoke (an owner outranks them).
+    "console_token_revoke": Page(
+        fill=lambda world: {"tok": world["owner"].token.public_id},
+        foreign=lambda world: {"tok": world["outsider"].token.public_id},
+        post_only=True,
+        posts=(Post(body=lambda world: {}, expect={"viewer": 404, "member": 404, "admin": 403}),),
+    ),
+    "console_members": Page(
+        posts=(
+            Post(
+                body=lambda world: {
+                    "email": "new-person@acme.example.com",
+                    "role": "viewer",
+                    "access": "all",
+                },
+                expect=dict(NOT_MEMBERS),
+            ),
+        )
+    ),
+    "console_member": Page(
+        fill=lambda world: {"mem": world["member"].membership.public_id},
+        foreign=lambda world: {"mem": world["outsider"].membership.public_id},
+        posts=(
+            Post(
+                body=lambda world: {"role": "viewer", "access": "all"},
+                expect=dict(NOT_MEMBERS),
+            ),
+        ),
+    ),
+    "console_member_remove": Page(
+        fill=lambda world: {"mem": world["member"].membership.public_id},
+        foreign=lambda world: {"mem": world["outsider"].membership.public_id},
+        post_only=True,
+        posts=(Post(body=lambda world: {}, expect=dict(NOT_MEMBERS)),),
+    ),
+    "console_runners": Page(get=dict(ADMINS)),
+    "console_runner_revoke": Page(
+        fill=lambda world: {"run": world.runner.public_id},
+        foreign=foreign_runner,
+        post_only=True,
+        posts=(Post(body=lambda world: {}, expect={"viewer": 403, "member": 403}),),
+    ),
+    "console_audit": Page(get=dict(ADMINS)),
+    "console_audit_verify": Page(
+        post_only=True,
+        posts=(Post(body=lambda world: {}, expect={"viewer": 403, "member": 403, "owner": 200}),),
+    ),
+    "console_retention": Page(
+        posts=(
+            Post(
+                body=lambda world: {
+                    "events_days": 30,
+                    "artifacts_days": 30,
+                    "checkpoints_days": 7,
+                    "audit_days": 400,
+                },
+                expect=dict(NOT_MEMBERS),
+            ),
+        )
+    ),
+    "console_webhooks": Page(
+        get=dict(ADMINS),
+        posts=(
+            Post(
+                body=lambda world: {
+                    "url": "https://hooks.example.com/new",
+                    "event_types": ["action.failed"],
+                    "enabled": "on",
+                },
+                expect={"viewer": 403, "member": 403},
+            ),
+        ),
+    ),
+    "console_webhook": Page(
+        fill=lambda world: {"whk": acme_webhook(world)["whk"]},
+        foreign=lambda world: {"whk": foreign_webhook(world)["whk"]},
+        get=dict(ADMINS),
+        posts=(Post(body=lambda world: {"enabled": "off"}, expect={"viewer": 403, "member": 403}),),
+    ),
+    "console_webhook_redeliver": Page(
+        fill=acme_webhook,
+        foreign=foreign_webhook,
+        post_only=True,
+        posts=(Post(body=lambda world: {}, expect={"viewer": 403, "member": 403}),),
     ),
 }
 

@@ -92,3 +92,19 @@ def test_audit_list_queries_do_not_grow_with_the_page(world):
     small = _queries(client, "/api/v1/orgs/acme/audit?limit=2")
     large = _queries(client, "/api/v1/orgs/acme/audit?limit=40")
     assert small == large
+
+
+def test_member_list_queries_do_not_grow_with_the_page(world):
+    """Limited members' projects are read for the whole page at once."""
+    from kestrel_one.accounts.scopes import Role
+    from tests.conftest import make_person
+
+    for index in range(30):
+        make_person(world.org, Role.MEMBER, name=f"limited{index}", projects=[world.project])
+    client = world["owner"].client()
+    path = "/api/v1/orgs/acme/members"
+    # Both pages hold limited members (the world's own "limited" is the fifth member).
+    assert _queries(client, f"{path}?limit=6") == _queries(client, f"{path}?limit=35")
+    body = client.get(f"{path}?limit=50").json()
+    extra = [m for m in body["results"] if m["user"]["email"].startswith("limited0")]
+    assert extra and all(m["projects"] == [world.project.public_id] for m in extra)

@@ -1,0 +1,38 @@
+"""Reads for memberships: who belongs to an organization, and what a limited member sees."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import QuerySet
+
+from kestrel_one.tenancy.models import Membership, Project, ProjectUserObjectPermission
+
+
+def memberships_of(organization) -> QuerySet[Membership]:
+    """The organization's memberships with their people: the API's member list and the
+    console's members page read this (anyone in the organization may)."""
+    return Membership.objects.filter(organization=organization).select_related("user")
+
+
+def member_project_grants(memberships) -> dict[int, list[Project]]:
+    """For the limited ones among ``memberships`` (one organization's), the projects each is
+    granted, by user id, sorted by name: one query whatever the number of members."""
+    limited = [m for m in memberships if not m.all_projects]
+    if not limited:
+        return {}
+    organization_id = limited[0].organization_id
+    grants = (
+        ProjectUserObjectPermission.objects.filter(
+            user_id__in=[m.user_id for m in limited],
+            permission__codename="view_project",
+            content_object__organization_id=organization_id,
+        )
+        .select_related("content_object")
+        .order_by("content_object__name")
+    )
+    granted: dict[int, list[Project]] = defaultdict(list)
+    for grant in grants:
+        if grant.content_object not in granted[grant.user_id]:
+            granted[grant.user_id].append(grant.content_object)
+    return dict(granted)
