@@ -14,6 +14,7 @@ import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -206,6 +207,11 @@ def canaried(settings, world):
     known: set[str] = {canary(name) for name in PLANTED_SETTINGS}
     known |= {actor.plaintext for actor in world.actors.values() if actor.plaintext}
     known |= signing_key_material(django_settings.KESTREL_SIGNING_KEY_FILE)
+    # Connection passwords, where the test's own services have any.
+    known |= {db["PASSWORD"] for db in django_settings.DATABASES.values() if db.get("PASSWORD")}
+    for url in (django_settings.REDIS_URL, getattr(django_settings, "CELERY_BROKER_URL", "")):
+        if url and urlsplit(url).password:
+            known.add(urlsplit(url).password)
 
     for user in User.objects.all():
         password = canary(f"password-{user.public_id}")
