@@ -12,7 +12,9 @@ Figures: cold call (first ``shell.exec echo hi`` of a new thread through HTTP wi
 calls per second with 8 concurrent threads vs ``docker exec`` in a loop; policy ``decide``
 vs a dict lookup; the threads, events and audit list endpoints at 1,000 and 100,000 rows;
 audit appends per second with 4 writers vs one, and verify time per 10,000 records vs
-reading them. See docs/performance.md for the method and the latest figures.
+reading them; the console's overview, inbox, thread timeline and audit pages at 1,000 and
+100,000 rows (bench/console_pages.py: p95, the 100k/1k ratio and the SQL queries per page).
+See docs/performance.md for the method and the latest figures.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -285,17 +289,61 @@ def record_figures(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
     return figures, details
 
 
+def console_figures(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
+    """The console pages bench, in a process of its own (it sets Django up on its own
+    database). A page whose route does not exist yet comes back as missing."""
+    with tempfile.TemporaryDirectory(prefix="kestrel-bench-console-") as folder:
+        output = Path(folder) / "console.json"
+        argv = [sys.executable, str(ROOT / "bench" / "console_pages.py"), "--json", str(output)]
+        completed = subprocess.run([*argv, *(["--quick"] if quick else [])], check=False)
+        if not output.exists():
+            raise RuntimeError(f"bench/console_pages.py failed (exit {completed.returncode})")
+        found = json.loads(output.read_text())
+    figures = []
+    for line in found["lines"]:
+        figure = Figure(
+            name=f"console {line['page']} @100k (p50)",
+            unit="ms",
+            median=line["p50_100k_ms"],
+            p95=line["p95_100k_ms"],
+            baseline_name=f"console {line['page']} @1k",
+            baseline_median=line["p50_1k_ms"],
+            baseline_p95=line["p95_1k_ms"],
+            samples=len(found["pages"][line["page"]]["by_size"]["100000"]["samples_s"]),
+            target="p95 < 150 ms, <= 1.2x",
+            notes={"queries_1k": line["queries_1k"], "queries_100k": line["queries_100k"]},
+        )
+        figure.met = line["met"]
+        figures.append(figure)
+    details = {
+        "pages": {
+            name: {
+                "missing": page.get("missing", False),
+                "by_size": {
+                    size: {k: v for k, v in at.items() if k != "samples_s"}
+                    for size, at in page.get("by_size", {}).items()
+                },
+            }
+            for name, page in found["pages"].items()
+        },
+        "missing": found["missing"],
+        "chains": found["chains"],
+        "counts": found["counts"],
+    }
+    return figures, details
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter runs")
     parser.add_argument(
         "--only",
-        choices=["governed", "policy", "records"],
+        choices=["governed", "policy", "records", "console"],
         action="append",
         help="run only these parts (repeatable)",
     )
     options = parser.parse_args(argv)
-    parts = options.only or ["governed", "policy", "records"]
+    parts = options.only or ["governed", "policy", "records", "console"]
     started = time.perf_counter()
     figures: list[Figure] = []
     details: dict[str, Any] = {}
@@ -307,6 +355,16 @@ def main(argv: list[str] | None = None) -> int:
     if "records" in parts:
         found, details = record_figures(options.quick)
         figures += found
+    missing: list[str] = []
+    if "console" in parts:
+        found, details["console"] = console_figures(options.quick)
+        figures += found
+        missing = details["console"]["missing"]
+        missing += [
+            f"audit chain @{size} does not verify"
+            for size, chain in details["console"]["chains"].items()
+            if not chain["ok"]
+        ]
     info = machine()
     print()
     print(
@@ -323,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{figure.name}: {figure.notes['us_per_pattern']:.1f} µs per path pattern "
                 f"({figure.notes['path_patterns']} patterns among "
                 f"{figure.notes['list_items']} list items, {figure.notes['document_bytes']} bytes)"
+            )
+        if "queries_1k" in figure.notes:
+            print(
+                f"{figure.name}: SQL queries {figure.notes['queries_1k']} @1k, "
+                f"{figure.notes['queries_100k']} @100k"
             )
         if figure.notes.get("errors"):
             print(
@@ -342,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     (RESULTS / "latest.json").write_text(path.read_text())
     print(f"wrote {path}")
+    if missing:
+        # A console page without its route yet cannot pass by not being measured.
+        print(f"console pages missing (no route yet): {', '.join(missing)}", file=sys.stderr)
+        return 1
     return 0
 
 
