@@ -303,6 +303,9 @@ LOGIN_REDIRECT_URL = "/console/"
 # minting a token with actions:approve and accepting a networking risk need a sign-in (or a
 # password confirmation) this recent. 5 minutes by default, at least 30 seconds.
 KESTREL_CONSOLE_SUDO_SECONDS = max(env_int("KESTREL_CONSOLE_SUDO_SECONDS", 5 * 60), 30)
+# The overview's chart of actions per day is kept this long (per organization and set of
+# visible projects, in Django's cache): its aggregate reads every action of 14 days.
+KESTREL_CONSOLE_CHART_SECONDS = max(env_int("KESTREL_CONSOLE_CHART_SECONDS", 60), 0)
 # Every response carries a Content-Security-Policy without 'unsafe-inline' or 'unsafe-eval'
 # (django-csp): the console's scripts and styles are files served from this origin (htmx
 # comes from django-htmx's static files), and nothing may frame it or post elsewhere.

@@ -16,7 +16,6 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path
 from django.utils import timezone
@@ -38,6 +37,7 @@ from kestrel_one.audit.selectors import (
 from kestrel_one.audit.services import audit_chain_settle
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.console.base import ConsoleView
+from kestrel_one.console.paging import page_of
 from kestrel_one.console.sudo import sudo_fresh, sudo_redirect
 from kestrel_one.execution.enrollment import runner_revoke_for_organization, runners_serving
 from kestrel_one.tenancy import services as tenancy_services
@@ -55,7 +55,7 @@ TEMPLATES = "console/administration/"
 
 def _page_of(request, queryset, *, per_page: int = PAGE_SIZE):
     """One page of ``queryset`` (already ordered) from ``?page=``; an unknown page is the last."""
-    return Paginator(queryset, per_page).get_page(request.GET.get("page"))
+    return page_of(queryset, request.GET.get("page"), per_page=per_page)
 
 
 def _no_store(response: HttpResponse) -> HttpResponse:

@@ -15,13 +15,13 @@ import json
 from typing import Any
 
 from django.contrib import messages
-from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import path
 
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.console.base import ConsoleView
+from kestrel_one.console.paging import page_of
 from kestrel_one.execution.api import ActionSerializer, PlanSerializer, ReceiptSerializer
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import TERMINAL_STATES, ActionState, Receipt
@@ -133,8 +133,8 @@ class InboxView(ConsoleView):
         plans = plans_awaiting_acceptance(
             principal=self.principal, organization=self.organization
         ).select_related("thread__project", "proposed_by_token__user")
-        action_page = Paginator(actions, PAGE_SIZE).get_page(request.GET.get("page"))
-        plan_page = Paginator(plans, PAGE_SIZE).get_page(request.GET.get("plans_page"))
+        action_page = page_of(actions, request.GET.get("page"), per_page=PAGE_SIZE)
+        plan_page = page_of(plans, request.GET.get("plans_page"), per_page=PAGE_SIZE)
         return self.page(
             "console/approvals/inbox.html",
             {

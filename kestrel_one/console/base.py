@@ -19,6 +19,7 @@ from django.views import View
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.api.base import missing_scope_message
+from kestrel_one.console.paging import capped_count
 from kestrel_one.console.sudo import sudo_fresh, sudo_redirect, sudo_seconds_left
 from kestrel_one.execution.selectors import actions_awaiting_decision
 from kestrel_one.tenancy.models import Organization
@@ -91,14 +92,17 @@ class ConsoleView(View):
         return scope in self.scopes
 
     def console_context(self) -> dict[str, Any]:
+        awaiting_count, awaiting_label = capped_count(
+            actions_awaiting_decision(principal=self.principal, organization=self.organization)
+        )
         return {
             "organization": self.organization,
             "role": self.principal.role_in(self.organization),
             "scopes": self.scopes,
             "section": self.section,
-            "awaiting_count": actions_awaiting_decision(
-                principal=self.principal, organization=self.organization
-            ).count(),
+            # Counted up to 100 ("99+"): every page shows it, so it must not cost a full count.
+            "awaiting_count": awaiting_count,
+            "awaiting_label": awaiting_label,
             "sudo_seconds_left": sudo_seconds_left(self.request),
         }
 

@@ -10,13 +10,14 @@ projections for artifacts and checkpoints. Nothing here reads ``sealed_args``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.paginator import Paginator
+from django.core.cache import cache
 from django.db.models import Count, Q
 from django.db.models.functions import TruncDate
 from django.http import Http404, HttpResponse
@@ -33,6 +34,7 @@ from kestrel_one.artifacts.selectors import (
 from kestrel_one.artifacts.services import share_create
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.console.base import ConsoleView
+from kestrel_one.console.paging import page_of
 from kestrel_one.execution.api import (
     ActionSerializer,
     PlanSerializer,
@@ -184,6 +186,21 @@ class Chart:
         return f"{self.total} actions in the last {CHART_DAYS} days: {parts}."
 
 
+def actions_per_day_cached(*, organization, projects: list, since) -> dict:
+    """``actions_per_day`` kept for ``KESTREL_CONSOLE_CHART_SECONDS`` per organization and
+    set of visible projects: the aggregate reads every action of the window, so on a busy
+    organization it would cost more than the rest of the page; a chart a minute old tells
+    the same story. 0 turns the cache off."""
+    seconds = settings.KESTREL_CONSOLE_CHART_SECONDS
+    if seconds <= 0:
+        return actions_per_day(projects=projects, since=since)
+    visible = hashlib.sha256(",".join(str(p.pk) for p in projects).encode()).hexdigest()
+    key = f"kestrel:console:chart:{organization.pk}:{since.date().isoformat()}:{visible}"
+    return cache.get_or_set(
+        key, lambda: actions_per_day(projects=projects, since=since), timeout=seconds
+    )
+
+
 def actions_per_day(*, projects, since) -> dict:
     """Day -> outcome -> count of the actions requested in ``projects`` since ``since``:
     one aggregate query, grouped by day in SQL."""
@@ -204,7 +221,8 @@ class OverviewView(ConsoleView):
 
     def get(self, request, org: str):
         projects = Project.objects.visible_to(self.principal, self.organization)
-        context: dict[str, Any] = {"projects": projects.order_by("name")}
+        visible = list(projects.order_by("name"))
+        context: dict[str, Any] = {"projects": visible}
         if self.can("projects:read"):
             awaiting = actions_awaiting_decision(
                 principal=self.principal, organization=self.organization
@@ -222,7 +240,14 @@ class OverviewView(ConsoleView):
             context.update(
                 awaiting=list(awaiting[:OVERVIEW_APPROVALS]),
                 activity=event_rows(events),
-                chart=Chart(actions_per_day(projects=projects, since=since), today=today),
+                chart=Chart(
+                    actions_per_day_cached(
+                        organization=self.organization,
+                        projects=sorted(visible, key=lambda project: project.pk),
+                        since=since,
+                    ),
+                    today=today,
+                ),
             )
         return self.page("console/dashboard/overview.html", context)
 
@@ -261,7 +286,7 @@ class ProjectView(ProjectPageMixin, ConsoleView):
 
     def get(self, request, org: str, prj: str):
         threads = Thread.objects.filter(project=self.project).order_by("-created_at", "-pk")
-        page = Paginator(threads, THREADS_PER_PAGE).get_page(request.GET.get("page"))
+        page = page_of(threads, request.GET.get("page"), per_page=THREADS_PER_PAGE)
         return self.page(
             "console/dashboard/project.html", {"project": self.project, "threads": page}
         )
@@ -293,18 +318,29 @@ class TimelineMixin(ProjectPageMixin):
                 order.append(event.action_id)
         loaded = {action.pk: action for action in thread_actions(thread).filter(pk__in=order)}
         actions = [loaded[pk] for pk in order if pk in loaded]
+        # Each kind serialized as one list: a serializer per row would build its fields anew
+        # for every row, which is most of the page's time.
         verifications: dict[int, list] = {pk: [] for pk in loaded}
-        for verification in (
+        found = list(
             Verification.objects.filter(action__in=actions)
             .select_related("action")
             .order_by("created_at", "pk")
+        )
+        for verification, shown in zip(
+            found, VerificationSerializer(found, many=True).data, strict=True
         ):
-            verifications[verification.action_id].append(verification)
+            verifications[verification.action_id].append(shown)
+        receipts = [action.receipt for action in actions if hasattr(action, "receipt")]
+        receipt_rows = {
+            receipt.action_id: shown
+            for receipt, shown in zip(
+                receipts, ReceiptSerializer(receipts, many=True).data, strict=True
+            )
+        }
         action_rows = []
         for action, projected in zip(
             actions, ActionSerializer(actions, many=True).data, strict=True
         ):
-            receipt = getattr(action, "receipt", None) if hasattr(action, "receipt") else None
             decision = projected["decision"] or {}
             action_rows.append(
                 {
@@ -319,10 +355,8 @@ class TimelineMixin(ProjectPageMixin):
                     if projected["error"] is not None
                     else "",
                     "at": action.created_at,
-                    "receipt_row": ReceiptSerializer(receipt).data if receipt else None,
-                    "verifications": VerificationSerializer(
-                        verifications[action.pk], many=True
-                    ).data,
+                    "receipt_row": receipt_rows.get(action.pk),
+                    "verifications": verifications[action.pk],
                 }
             )
         plans = list(

@@ -17,13 +17,13 @@ import json
 from typing import Any
 
 from django.conf import settings
-from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.urls import path
 
 from kestrel_one.accounts.models import ApiToken, User
 from kestrel_one.common.errors import KestrelError, ValidationFailed
 from kestrel_one.console.base import ConsoleView
+from kestrel_one.console.paging import page_of
 from kestrel_one.execution.policy_preview import decisions_preview
 from kestrel_one.governance import drafts, services
 from kestrel_one.governance.judging import tool_call_request
@@ -205,7 +205,7 @@ class PolicyOwnerView(ConsoleView):
         versions = PolicyVersion.objects.filter(
             organization=self.organization, **services.draft_owner(self.owner)
         ).order_by("-created_at", "-pk")
-        page = Paginator(versions, PAGE_SIZE).get_page(self.request.GET.get("page"))
+        page = page_of(versions, self.request.GET.get("page"), per_page=PAGE_SIZE)
         shown = list(page.object_list)
         return {"page": page, "versions": shown}
 
@@ -362,7 +362,7 @@ class PolicyIndex(ConsoleView):
             .select_related("policy_version", "environment")
             .order_by("name")
         )
-        page = Paginator(projects, PAGE_SIZE).get_page(request.GET.get("page"))
+        page = page_of(projects, request.GET.get("page"), per_page=PAGE_SIZE)
         return self.page(
             "console/policy/index.html",
             {"environments": environments, "projects": page},

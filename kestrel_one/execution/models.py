@@ -162,6 +162,12 @@ class Action(models.Model):
         indexes = [
             models.Index(fields=["thread", "public_id"]),
             models.Index(fields=["state", "deadline_at"]),
+            # The console's inbox and its navigation count: an organization's actions in one
+            # state, newest first, read as an index range whatever the history's size.
+            models.Index(
+                fields=["organization", "state", "-created_at", "-id"],
+                name="action_org_state_newest",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -88,6 +88,25 @@ def test_the_chart_counts_actions_per_day_by_outcome_in_one_query(world, django_
     assert sum(counts["succeeded"] for counts in rows.values()) == 1
 
 
+def test_the_chart_is_kept_for_the_configured_seconds_per_set_of_visible_projects(world, settings):
+    """With the cache on, a second view within the minute reads the chart from the cache (one
+    query fewer, the same numbers although an action was added); a person who sees other
+    projects gets a chart of their own."""
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.KESTREL_CONSOLE_CHART_SECONDS = 60
+    member = signed_in(world["member"].user)
+    first = query_count(member, "/console/acme/")
+    more_actions(world, 1)
+    html = member.get("/console/acme/").content.decode()
+    assert "2 actions in the last 14 days" in html  # as cached, not 3
+    assert query_count(member, "/console/acme/") == first - 1
+    limited = signed_in(world["limited"].user).get("/console/acme/").content.decode()
+    assert "0 actions in the last 14 days" in limited  # only hangar, where nothing ran
+    cache.clear()
+
+
 def test_overview_queries_do_not_grow_with_the_actions(world):
     client = signed_in(world["member"].user)
     more_actions(world, 3)
