@@ -128,7 +128,7 @@ def artifact_download(artifact: Artifact) -> FileResponse:
     )
     response["Content-Length"] = str(artifact.size)
     response["X-Content-Type-Options"] = "nosniff"
-    response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+    response["Content-Security-Policy"] = "sandbox; default-src 'none'; frame-ancestors 'none'"
     response["Cache-Control"] = "private, no-store"
     response["ETag"] = f'"{artifact.sha256}"'
     return response

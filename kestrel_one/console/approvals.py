@@ -36,6 +36,9 @@ from kestrel_one.execution.services import action_scope
 from runners.contract.canonical import digest
 
 PAGE_SIZE = 50
+# The inbox counts and pages through the newest 200 waiting ("200+" past that): the count
+# runs on every view, and a person decides the newest first; older ones expire.
+INBOX_LIMIT = 200
 # What an action's approval binds, in the order a change is reported, with how to name it.
 BOUND_FIELDS = (
     ("tool", "the tool"),
@@ -133,8 +136,12 @@ class InboxView(ConsoleView):
         plans = plans_awaiting_acceptance(
             principal=self.principal, organization=self.organization
         ).select_related("thread__project", "proposed_by_token__user")
-        action_page = page_of(actions, request.GET.get("page"), per_page=PAGE_SIZE)
-        plan_page = page_of(plans, request.GET.get("plans_page"), per_page=PAGE_SIZE)
+        action_page = page_of(
+            actions, request.GET.get("page"), per_page=PAGE_SIZE, limit=INBOX_LIMIT
+        )
+        plan_page = page_of(
+            plans, request.GET.get("plans_page"), per_page=PAGE_SIZE, limit=INBOX_LIMIT
+        )
         return self.page(
             "console/approvals/inbox.html",
             {

@@ -53,7 +53,7 @@ from kestrel_one.threads.models import Thread, ThreadEvent
 
 THREADS_PER_PAGE = 50
 # The timeline shows the newest events; older ones page back with ?before=SEQ.
-TIMELINE_EVENTS = 100
+TIMELINE_EVENTS = 50
 TIMELINE_PLANS = 20
 TIMELINE_ARTIFACTS = 50
 OVERVIEW_APPROVALS = 5
@@ -423,7 +423,9 @@ class TimelineFragmentView(TimelineMixin, ConsoleView):
         after = whole_number(request.GET.get("after"))
         if after is not None and self.thread.last_event_sequence <= after:
             return HttpResponse(status=204)
-        return self.page("console/dashboard/timeline.html", self.timeline(before=None))
+        # Opened in the browser itself (not by htmx): the whole page, not a bare fragment.
+        template = "timeline.html" if request.htmx else "thread.html"
+        return self.page(f"console/dashboard/{template}", self.timeline(before=None))
 
 
 # --- artifacts ----------------------------------------------------------------------------

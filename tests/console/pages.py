@@ -42,6 +42,8 @@ class Page:
     posts: tuple[Post, ...] = ()
     # A page without GET (a form target only).
     post_only: bool = False
+    # A GET that answers with a file to save, not a page (a browser downloads it).
+    download: bool = False
 
 
 OVERVIEW: dict[str, Page] = {
@@ -118,6 +120,7 @@ DASHBOARD: dict[str, Page] = {
         get=dict(PROJECT_READERS),
     ),
     "console_artifact_content": Page(
+        download=True,
         fill=lambda world: {"art": artifact_in(world).public_id},
         foreign=lambda world: {"art": artifact_in(world, foreign=True).public_id},
         get=dict(PROJECT_READERS),

@@ -247,12 +247,15 @@ def test_the_poll_answers_nothing_until_something_happens(world):
     action = action_request(
         actor=world.agent, thread=world.thread, tool="fs.read", args={"path": "NEW.md"}
     )
-    response = client.get(poll)
+    response = client.get(poll, headers={"HX-Request": "true"})
     assert response.status_code == 200
     html = response.content.decode()
     assert action.public_id in html and "<html" not in html
     world.thread.refresh_from_db()
     assert f"after={world.thread.last_event_sequence}" in html
+    # The same address opened in the browser itself is the whole page.
+    page = client.get(poll.split("?")[0]).content.decode()
+    assert "<title>" in page and action.public_id in page
 
 
 def test_a_member_makes_a_share_link_and_a_viewer_is_offered_none(world):

@@ -29,7 +29,7 @@ from kestrel_one.accounts.principal import system_principal
 from kestrel_one.accounts.services import token_create
 from kestrel_one.accounts.tokens import hash_token
 from kestrel_one.artifacts.models import ShareLink
-from kestrel_one.artifacts.services import share_create
+from kestrel_one.artifacts.services import share_create, share_token_hash
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.models import Action, IdempotencyKey, Runner
 from kestrel_one.execution.plans import plan_propose
@@ -352,19 +352,39 @@ def test_no_page_or_fragment_carries_a_secret(canaried, world):
                 ]
     assert not found, "secrets reached the browser:\n" + "\n".join(found)
 
-    # The writes the catalogue probes, by the people it names: a token made by the request
-    # itself is shown once in its answer, and that plaintext alone is allowed there.
+    # The writes the catalogue probes, by the people it names: a token or a share link made
+    # by the request itself is shown once in its answer, and that plaintext alone is allowed
+    # there.
     for entry in pages:
         for post in entry.page.posts:
             for name in post.expect:
                 client = owner if name == "owner" else signed_in(world[name].user)
-                before = set(ApiToken.objects.values_list("pk", flat=True))
+                tokens_before = set(ApiToken.objects.values_list("pk", flat=True))
+                links_before = set(ShareLink.objects.values_list("pk", flat=True))
                 response = client.post(entry.url, post.body(world))
-                made = set(
-                    ApiToken.objects.exclude(pk__in=before).values_list("secret_hash", flat=True)
+                made_tokens = set(
+                    ApiToken.objects.exclude(pk__in=tokens_before).values_list(
+                        "secret_hash", flat=True
+                    )
                 )
-                shown = SECRET_SHAPES["API token"].findall(body_text(response))
-                just_made = frozenset(token for token in shown if hash_token(token) in made)
+                made_links = set(
+                    ShareLink.objects.exclude(pk__in=links_before).values_list(
+                        "token_hash", flat=True
+                    )
+                )
+                text = body_text(response)
+                just_made = frozenset(
+                    [
+                        token
+                        for token in SECRET_SHAPES["API token"].findall(text)
+                        if hash_token(token) in made_tokens
+                    ]
+                    + [
+                        link
+                        for link in SECRET_SHAPES["share-link token"].findall(text)
+                        if share_token_hash(link) in made_links
+                    ]
+                )
                 found += [
                     f"{name} POST {entry.url}: {leak}"
                     for leak in leaks(
@@ -406,10 +426,12 @@ def csp_problems(response) -> list[str]:
     for word in ("'unsafe-inline'", "'unsafe-eval'", "'unsafe-hashes'", "'strict-dynamic'"):
         if word in policy:
             problems.append(f"allows {word}")
+    # A download is stricter still: a sandbox where nothing loads ('none' covers object-src).
+    download = directives.get("default-src") == ["'none'"] and "sandbox" in directives
     for directive, expected in (
-        ("default-src", ["'self'"]),
+        ("default-src", ["'none'"] if download else ["'self'"]),
         ("frame-ancestors", ["'none'"]),
-        ("object-src", ["'none'"]),
+        ("object-src", None if download else ["'none'"]),
     ):
         if directives.get(directive) != expected:
             problems.append(f"{directive} is {directives.get(directive)}, not {expected}")
