@@ -36,21 +36,28 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def chromium():
+@pytest.fixture(scope="module")
+def chromium(monkeypatch_module):
     if not Path(CHROMIUM).exists():
         pytest.fail("chromium is missing: run `make browser`", pytrace=False)
     if not AXE.exists():
         pytest.fail("axe-core is missing from node_modules: run `make browser`", pytrace=False)
     # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
-    # between page actions are still synchronous.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    # between page actions are still synchronous. Only for the browser tests' module: a
+    # process started later (manage.py check --deploy) must not inherit it.
+    monkeypatch_module.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 class Watched:

@@ -1,1 +1,5 @@
-from tests.console.browser import browser_page, chromium  # noqa: F401  (fixtures)
+from tests.console.browser import (  # noqa: F401  (fixtures)
+    browser_page,
+    chromium,
+    monkeypatch_module,
+)
