@@ -15,7 +15,8 @@ from rest_framework.exceptions import NotFound
 
 from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.common.errors import PermissionDenied
-from kestrel_one.tenancy.models import Organization, Project
+from kestrel_one.tenancy.models import Organization
+from kestrel_one.tenancy.selectors import project_visible
 from kestrel_one.threads.models import Thread
 
 
@@ -116,12 +117,7 @@ class ProjectScopedViewSet(OrgScopedViewSet):
     parent_lookups: tuple[tuple[str, str, str], ...] = ()
 
     def resolve_parents(self, **kwargs) -> None:
-        project = (
-            Project.objects.visible_to(self.principal, self.organization)
-            .select_related("environment", "organization")
-            .filter(public_id=kwargs.get("prj"))
-            .first()
-        )
+        project = project_visible(self.principal, self.organization, kwargs.get("prj"))
         if project is None:
             raise NotFound()
         self.project = project

@@ -48,6 +48,7 @@ from kestrel_one.execution.selectors import (
     thread_actions,
 )
 from kestrel_one.tenancy.models import Project
+from kestrel_one.tenancy.selectors import project_visible
 from kestrel_one.threads.api import EventSerializer
 from kestrel_one.threads.models import Thread, ThreadEvent
 
@@ -262,12 +263,7 @@ class ProjectPageMixin:
     scope_map = {"GET": "projects:read"}
 
     def resolve_parents(self, **kwargs: Any) -> None:
-        project = (
-            Project.objects.visible_to(self.principal, self.organization)
-            .select_related("environment", "organization")
-            .filter(public_id=kwargs.get("prj"))
-            .first()
-        )
+        project = project_visible(self.principal, self.organization, kwargs.get("prj"))
         if project is None:
             raise Http404
         self.project = project

@@ -1,4 +1,4 @@
-"""Reads for memberships: who belongs to an organization, and what a limited member sees."""
+"""Reads for memberships and projects: who belongs to an organization, and what a person sees."""
 
 from __future__ import annotations
 
@@ -36,3 +36,15 @@ def member_project_grants(memberships) -> dict[int, list[Project]]:
         if grant.content_object not in granted[grant.user_id]:
             granted[grant.user_id].append(grant.content_object)
     return dict(granted)
+
+
+def project_visible(principal, organization, public_id) -> Project | None:
+    """The project ``public_id`` names, if ``principal`` may see it in ``organization``: the
+    API's project-scoped endpoints and the console's project pages resolve it so. None is
+    answered like a missing project."""
+    return (
+        Project.objects.visible_to(principal, organization)
+        .select_related("environment", "organization")
+        .filter(public_id=public_id)
+        .first()
+    )

@@ -15,28 +15,12 @@ from kestrel_one.artifacts.services import artifact_create
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.models import ActionState
 from kestrel_one.execution.services import action_request, report_ingest
-from runners.contract.tokens import generate_private_key_pem, public_key_pem, sign_result
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 from tests.console.browser import check_accessibility, screenshot, sign_in
+from tests.execution.test_report_ingest import report as signed_report
 
 # Generous: the page polls every 2 s, and the machine is shared.
 LIVE_TIMEOUT_MS = 20_000
-
-
-def signed_report(action, runner, key, **claims) -> str:
-    body = {
-        "call_id": action.public_id,
-        "command_digest": action.command_digest,
-        "attempt": 1,
-        "event": "finished",
-        "outcome": "succeeded",
-        "result": {"path": "src/main.py", "size": 12, "sha256": "0" * 64},
-        "error": None,
-        "sandbox": None,
-        "started_at": "2026-11-29T12:00:00Z",
-        "finished_at": "2026-11-29T12:00:01Z",
-    }
-    body.update(claims)
-    return sign_result(body, key, runner.public_id)
 
 
 @pytest.mark.spec("SURF-1")
