@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import records  # noqa: E402
 from stats import percentile  # noqa: E402
 
 ADMIN_DATABASE_URL = os.environ.get(
@@ -63,19 +63,7 @@ DEFAULT_PAGES = ("overview", "approvals", "timeline", "audit")
 
 
 def setup_django(database_url: str) -> None:
-    os.environ.update(
-        DJANGO_SETTINGS_MODULE="kestrel_one.settings",
-        KESTREL_MODE="single-host",
-        KESTREL_DATA_DIR=str(Path(tempfile.mkdtemp(prefix="kestrel-bench-console-"))),
-        DATABASE_URL=database_url,
-    )
-    os.environ.pop("REDIS_URL", None)  # nothing here enqueues work
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=0)
+    records.setup_django(database_url, data_prefix="kestrel-bench-console-")
 
 
 # --- seeding ---------------------------------------------------------------------------------

@@ -20,11 +20,13 @@ from typing import Any
 BATCH = 5_000
 
 
-def setup_django(database_url: str) -> None:
+def setup_django(database_url: str, *, data_prefix: str = "kestrel-bench-db-") -> None:
+    """Django in this process on ``database_url`` (migrated), single-host settings, a data
+    folder of its own; the console pages bench uses it too."""
     os.environ.update(
         DJANGO_SETTINGS_MODULE="kestrel_one.settings",
         KESTREL_MODE="single-host",
-        KESTREL_DATA_DIR=str(Path(tempfile.mkdtemp(prefix="kestrel-bench-db-"))),
+        KESTREL_DATA_DIR=str(Path(tempfile.mkdtemp(prefix=data_prefix))),
         DATABASE_URL=database_url,
     )
     os.environ.pop("REDIS_URL", None)  # nothing here enqueues work
