@@ -229,9 +229,13 @@ class Runner:
                 self._log("result_already_reported", call_id=command.jti, attempt=command.attempt)
                 return Disposition.REPORTED
             if stored is not None:
-                self._log("result_resent", call_id=command.jti, attempt=command.attempt)
-                self._send_finished(command, stored)
-                return Disposition.RESENT
+                # The holder of a live lease sends its stored report itself, before it lets
+                # the lease go; a copy resends only the report of a worker that is gone.
+                holder = self.state.lease(command.jti)
+                if holder is None or holder.expired():
+                    self._log("result_resent", call_id=command.jti, attempt=command.attempt)
+                    self._send_finished(command, stored)
+                    return Disposition.RESENT
             lease = self.state.claim(
                 command.jti, attempt=command.attempt, command_digest=command.command_digest
             )
@@ -308,10 +312,12 @@ class Runner:
                 started_at=started_at,
             )
             final = self._store(command, token)
+            # Sent (and marked sent) while the lease is held, so that a copy of the command
+            # arriving now finds the lease, not an unsent report to send a second time.
+            self._send_finished(command, final)
         if keeper.lost:
             self._log("lease_lost", level=logging.WARNING, call_id=command.jti)
         self._log("call_finished", call_id=command.jti, outcome=outcome, tool=command.tool)
-        self._send_finished(command, final)
 
     def _execute(
         self, command: Command
