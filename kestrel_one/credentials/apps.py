@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class CredentialsConfig(AppConfig):
+    name = "kestrel_one.credentials"
+    label = "credentials"
