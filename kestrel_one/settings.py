@@ -564,6 +564,30 @@ CELERY_BEAT_SCHEDULE["retention-sweep"] = {
     "options": {"queue": "control"},
 }
 
+# The model gateway (docs/gateway.md). A project without a budget of its own gets these
+# limits (tokens per UTC day / month); unset (the default) is no limit on that period.
+KESTREL_GATEWAY_DEFAULT_TOKENS_PER_DAY = (
+    env_int("KESTREL_GATEWAY_DEFAULT_TOKENS_PER_DAY", 0)
+    if env_str("KESTREL_GATEWAY_DEFAULT_TOKENS_PER_DAY")
+    else None
+)
+KESTREL_GATEWAY_DEFAULT_TOKENS_PER_MONTH = (
+    env_int("KESTREL_GATEWAY_DEFAULT_TOKENS_PER_MONTH", 0)
+    if env_str("KESTREL_GATEWAY_DEFAULT_TOKENS_PER_MONTH")
+    else None
+)
+# The output bound sent to the provider (and reserved) when a call names no max_tokens.
+KESTREL_GATEWAY_DEFAULT_MAX_TOKENS = env_int("KESTREL_GATEWAY_DEFAULT_MAX_TOKENS", 4096)
+# A reservation nobody settled this long after it was taken is charged in full and released
+# (the provider's own timeout is 120 s; a settled call never waits for this).
+KESTREL_GATEWAY_RESERVATION_SECONDS = env_int("KESTREL_GATEWAY_RESERVATION_SECONDS", 300)
+KESTREL_GATEWAY_SWEEP_SECONDS = env_int("KESTREL_GATEWAY_SWEEP_SECONDS", 60)
+CELERY_BEAT_SCHEDULE["gateway-expire-reservations"] = {
+    "task": "control.gateway.expire_reservations",
+    "schedule": float(KESTREL_GATEWAY_SWEEP_SECONDS),
+    "options": {"queue": "control"},
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -37,6 +37,8 @@ PREFIXES = frozenset(
         "ver",
         "shr",
         "chk",
+        # The model gateway's usage records.
+        "mdu",
     }
 )
 

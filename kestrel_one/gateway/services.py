@@ -1,0 +1,303 @@
+"""Writes of the model gateway: budgets, and the reserve / settle / expire cycle of a call.
+
+A reservation is the call's upper bound of tokens (its prompt's UTF-8 bytes plus a little
+per message, plus the ``max_tokens`` the provider is held to), taken in the project's day
+and month windows by one conditional UPDATE each, in that order, in one transaction: either
+both take it or neither does. PostgreSQL re-evaluates an UPDATE's WHERE clause against the
+row version it finally locks, so N concurrent reservations see each other's committed
+totals and no set of them can go past a limit (tests/gateway/test_budget_concurrency.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.audit.services import audit_record
+from kestrel_one.common.errors import KestrelError, ValidationFailed
+from kestrel_one.gateway.models import (
+    BudgetPeriod,
+    BudgetWindow,
+    ModelBudget,
+    ModelUsage,
+    UsageState,
+)
+
+# A budget above this is a typo, not a plan (and stays far inside a bigint with reservations).
+MAX_BUDGET_TOKENS = 10**15
+
+
+class BudgetExceeded(KestrelError):
+    """The call's reservation does not fit in what is left of the project's budget."""
+
+    code = "budget_exceeded"
+    status = 429
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits a project's calls are held to now; None is no limit on that period."""
+
+    tokens_per_day: int | None
+    tokens_per_month: int | None
+
+
+def budget_limits(project) -> Limits:
+    """The project's own budget, or the operator's default for projects without one."""
+    budget = ModelBudget.objects.filter(project=project).first()
+    if budget is not None:
+        return Limits(budget.tokens_per_day, budget.tokens_per_month)
+    return Limits(
+        settings.KESTREL_GATEWAY_DEFAULT_TOKENS_PER_DAY,
+        settings.KESTREL_GATEWAY_DEFAULT_TOKENS_PER_MONTH,
+    )
+
+
+def periods_of(moment: dt.datetime) -> tuple[dt.date, dt.date]:
+    """The UTC day and the first day of the UTC month ``moment`` falls in."""
+    day = moment.astimezone(dt.UTC).date()
+    return day, day.replace(day=1)
+
+
+def _check_limit(value, field: str) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BUDGET_TOKENS:
+        raise ValidationFailed(
+            f"{field} must be a whole number of tokens from 0 to {MAX_BUDGET_TOKENS}, or empty "
+            "for no limit.",
+            details={field: ["invalid"]},
+        )
+    return value
+
+
+@transaction.atomic
+def budget_set(*, actor, project, tokens_per_day, tokens_per_month) -> ModelBudget:
+    """Set a project's token budget (None on a period: no limit). Audited. Lowering a limit
+    under what is already used refuses the next calls; it takes back nothing."""
+    per_day = _check_limit(tokens_per_day, "tokens_per_day")
+    per_month = _check_limit(tokens_per_month, "tokens_per_month")
+    budget, _ = ModelBudget.objects.select_for_update().get_or_create(
+        project=project,
+        defaults={"organization": project.organization, "updated_by": actor.actor_id},
+    )
+    before = {"tokens_per_day": budget.tokens_per_day, "tokens_per_month": budget.tokens_per_month}
+    budget.tokens_per_day = per_day
+    budget.tokens_per_month = per_month
+    budget.updated_by = actor.actor_id
+    budget.save()
+    audit_record(
+        organization=project.organization,
+        actor=actor,
+        action="gateway.budget.set",
+        target=project,
+        data={
+            "before": before,
+            "after": {"tokens_per_day": per_day, "tokens_per_month": per_month},
+        },
+    )
+    return budget
+
+
+def reservation_tokens(*, messages: list[dict], max_tokens: int) -> int:
+    """An upper bound of the tokens a call can use: every token of the providers' tokenizers
+    covers at least one byte of text, so the prompt's bytes bound its tokens; each message
+    adds a few tokens of framing; the output is held to ``max_tokens``."""
+    prompt = sum(len(str(m.get("content", "")).encode()) + 8 for m in messages)
+    return prompt + 16 + max_tokens
+
+
+@transaction.atomic
+def usage_reserve(
+    *,
+    project,
+    surface: str,
+    provider: str,
+    model: str,
+    tokens: int,
+    requested_by: str,
+    action=None,
+    stream: bool = False,
+    now: dt.datetime | None = None,
+) -> ModelUsage:
+    """Reserve ``tokens`` in the project's day and month windows, or raise BudgetExceeded.
+
+    Nothing is reserved when either window lacks room (the transaction rolls back)."""
+    now = now or timezone.now()
+    day, month = periods_of(now)
+    limits = budget_limits(project)
+    windows = ((BudgetPeriod.DAY, day, limits.tokens_per_day),)
+    windows += ((BudgetPeriod.MONTH, month, limits.tokens_per_month),)
+    BudgetWindow.objects.bulk_create(
+        [
+            BudgetWindow(
+                organization_id=project.organization_id,
+                project=project,
+                period=period,
+                starts_on=starts_on,
+            )
+            for period, starts_on, _ in windows
+        ],
+        ignore_conflicts=True,
+    )
+    # Always day then month: every reservation locks the two rows in one order (no deadlock).
+    for period, starts_on, limit in windows:
+        rows = BudgetWindow.objects.filter(project=project, period=period, starts_on=starts_on)
+        if limit is not None:
+            rows = rows.alias(committed=F("used") + F("reserved")).filter(
+                committed__lte=limit - tokens
+            )
+        if rows.update(reserved=F("reserved") + tokens) != 1:
+            raise BudgetExceeded(
+                f"This call would need up to {tokens} tokens, more than is left of the "
+                f"project's {period} budget ({limit} tokens per {period}). Ask an admin to "
+                "raise it, or send a smaller max_tokens.",
+                details={"period": period, "limit": limit, "reservation": tokens},
+            )
+    return ModelUsage.objects.create(
+        organization_id=project.organization_id,
+        project=project,
+        action=action,
+        surface=surface,
+        provider=provider,
+        model=model,
+        stream=stream,
+        requested_by=requested_by,
+        state=UsageState.RESERVED,
+        day=day,
+        month=month,
+        reserved_tokens=tokens,
+        expires_at=now + dt.timedelta(seconds=settings.KESTREL_GATEWAY_RESERVATION_SECONDS),
+    )
+
+
+def _release(usage: ModelUsage, charged: int) -> None:
+    for period, starts_on in ((BudgetPeriod.DAY, usage.day), (BudgetPeriod.MONTH, usage.month)):
+        BudgetWindow.objects.filter(
+            project_id=usage.project_id, period=period, starts_on=starts_on
+        ).update(reserved=F("reserved") - usage.reserved_tokens, used=F("used") + charged)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What a finished call reports: the provider's usage (None when it reported none) and
+    how the call ended. ``charge_reservation``: no usage is known but the provider may have
+    done the work (a timeout after sending, a stream cut short), so the whole reservation
+    is charged."""
+
+    outcome: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    charge_reservation: bool = False
+    upstream_status: int | None = None
+    error_code: str = ""
+    credential: str = ""
+    request_bytes: int = 0
+    request_sha256: str = ""
+    response_bytes: int = 0
+    response_sha256: str = ""
+    duration_ms: int | None = None
+
+    def charged(self, reserved: int) -> int:
+        reported = (self.input_tokens or 0) + (self.output_tokens or 0)
+        if self.input_tokens is None and self.output_tokens is None and self.charge_reservation:
+            return reserved
+        return reported
+
+
+@transaction.atomic
+def usage_settle(*, usage: ModelUsage, settlement: Settlement, actor=None) -> ModelUsage | None:
+    """Release the reservation and charge what the provider reported, once: None when the
+    reservation was already settled or expired (then nothing changes)."""
+    charged = settlement.charged(usage.reserved_tokens)
+    now = timezone.now()
+    claimed = ModelUsage.objects.filter(pk=usage.pk, state=UsageState.RESERVED).update(
+        state=UsageState.SETTLED,
+        settled_at=now,
+        charged_tokens=charged,
+        input_tokens=settlement.input_tokens,
+        output_tokens=settlement.output_tokens,
+        outcome=settlement.outcome,
+        upstream_status=settlement.upstream_status,
+        error_code=settlement.error_code[:40],
+        credential=settlement.credential,
+        request_bytes=settlement.request_bytes,
+        request_sha256=settlement.request_sha256,
+        response_bytes=settlement.response_bytes,
+        response_sha256=settlement.response_sha256,
+        duration_ms=settlement.duration_ms,
+    )
+    if claimed != 1:
+        return None
+    _release(usage, charged)
+    usage.refresh_from_db()
+    if actor is not None:
+        audit_record(
+            organization=usage.organization,
+            actor=actor,
+            action="model.invoke",
+            target=usage,
+            outcome="success" if settlement.outcome == "succeeded" else "failure",
+            data=usage_audit_data(usage),
+        )
+    return usage
+
+
+def usage_audit_data(usage: ModelUsage) -> dict:
+    """What audit keeps of a call: who, which model, tokens, sizes and hashes; no content."""
+    return {
+        "usage": usage.public_id,
+        "project": usage.project.public_id,
+        "surface": usage.surface,
+        "model": f"{usage.provider}/{usage.model}",
+        "stream": usage.stream,
+        "outcome": usage.outcome,
+        "upstream_status": usage.upstream_status,
+        "error_code": usage.error_code,
+        "credential": usage.credential,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "charged_tokens": usage.charged_tokens,
+        "request_bytes": usage.request_bytes,
+        "request_sha256": usage.request_sha256,
+        "response_bytes": usage.response_bytes,
+        "response_sha256": usage.response_sha256,
+    }
+
+
+def usage_reservations_expire(*, now: dt.datetime | None = None) -> int:
+    """Charge in full and release every reservation past its expiry (its worker died or
+    hung: the provider may have done the work, and a budget must not be overrun by a crash).
+    How many. Each in its own transaction, claimed by a conditional UPDATE, so a settle that
+    races the sweep wins or loses whole."""
+    now = now or timezone.now()
+    expired = 0
+    stale = ModelUsage.objects.filter(state=UsageState.RESERVED, expires_at__lt=now)
+    for usage in stale.select_related("project", "organization").order_by("pk")[:1000]:
+        with transaction.atomic():
+            claimed = ModelUsage.objects.filter(pk=usage.pk, state=UsageState.RESERVED).update(
+                state=UsageState.EXPIRED,
+                settled_at=now,
+                charged_tokens=usage.reserved_tokens,
+                outcome="expired",
+            )
+            if claimed != 1:
+                continue
+            _release(usage, usage.reserved_tokens)
+            usage.refresh_from_db()
+            audit_record(
+                organization=usage.organization,
+                actor=system_principal("gateway"),
+                action="model.reservation.expire",
+                target=usage,
+                outcome="failure",
+                data=usage_audit_data(usage),
+            )
+            expired += 1
+    return expired
