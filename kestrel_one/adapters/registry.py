@@ -283,6 +283,12 @@ OPENAI = Adapter(
                     "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
                     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
                     "stream": {"type": "boolean"},
+                    # Asks for the final usage chunk of a stream (the gateway settles on it).
+                    "stream_options": {
+                        "type": "object",
+                        "properties": {"include_usage": {"type": "boolean"}},
+                        "additionalProperties": False,
+                    },
                 },
                 required=("model", "messages"),
                 response_max_bytes=8 * 1024 * 1024,

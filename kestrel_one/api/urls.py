@@ -26,6 +26,7 @@ from kestrel_one.execution.api import (
     VerificationViewSet,
 )
 from kestrel_one.execution.runners_api import RunnerViewSet
+from kestrel_one.gateway.api import BudgetViewSet, ChatCompletionsViewSet
 from kestrel_one.governance.api import (
     EffectivePolicyViewSet,
     EnvironmentPolicyViewSet,
@@ -167,6 +168,17 @@ urlpatterns = [
         name="checkpoint-restore",
     ),
     path(f"{ORG}/retention", RetentionViewSet.as_view(POLICY), name="retention"),
+    # The model gateway (docs/gateway.md).
+    path(
+        f"{ORG}/projects/<str:prj>/model/v1/chat/completions",
+        ChatCompletionsViewSet.as_view({"post": "create"}),
+        name="model-chat-completions",
+    ),
+    path(
+        f"{ORG}/projects/<str:prj>/model/budget",
+        BudgetViewSet.as_view(POLICY),
+        name="model-budget",
+    ),
     # Public: the token in the path opens one object; no credential is read.
     path("shared/<str:token>", SharedObjectView.as_view(), name="shared-object"),
     path("shared/<str:token>/content", SharedContentView.as_view(), name="shared-content"),

@@ -205,9 +205,12 @@ class Settlement:
     duration_ms: int | None = None
 
     def charged(self, reserved: int) -> int:
+        """The provider's reported usage; the whole reservation when ``charge_reservation``
+        and the call failed (a partial report undercounts) or reported nothing."""
         reported = (self.input_tokens or 0) + (self.output_tokens or 0)
-        if self.input_tokens is None and self.output_tokens is None and self.charge_reservation:
-            return reserved
+        unreported = self.input_tokens is None and self.output_tokens is None
+        if self.charge_reservation and (unreported or self.outcome != "succeeded"):
+            return max(reserved, reported)
         return reported
 
 
