@@ -171,6 +171,8 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:checkpoint-detail": {**PRJ, "chk": lambda w: records_objects(w)[2].public_id},
     "api:checkpoint-restore": {**PRJ, "chk": lambda w: records_objects(w)[2].public_id},
     "api:retention": {},
+    "api:model-chat-completions": PRJ,
+    "api:model-budget": PRJ,
 }
 
 READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}
@@ -216,7 +218,18 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
         "checkpoints_days": 14,
         "audit_days": 365,
     },
+    ("api:model-chat-completions", "post"): lambda w: {
+        "model": "openai/gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hello"}],
+    },
+    ("api:model-budget", "put"): lambda w: {"tokens_per_day": 1000, "tokens_per_month": None},
 }
+
+# Routes whose allowed callers meet a refusal of the route's own after the tenancy and scope
+# checks, because the walker's world lacks what success needs: the world's policy grants no
+# model, so a model call is the gateway's 403 ``model_denied`` (tests/gateway covers calls
+# that succeed). The walker checks that answer instead of a 2xx.
+OWN_REFUSALS = {("api:model-chat-completions", "post"): (403, "model_denied")}
 
 # Routes whose writes are self-service: any member (viewers included) may act on their own
 # objects. Token creation is one: a viewer needs a read token to use the API at all.
@@ -240,6 +253,7 @@ FINGERPRINTED_APPS = (
     "execution",
     "webhooks",
     "artifacts",
+    "gateway",
 )
 # A refused request changes nothing except the audit record of its refusal (AUD-1): those
 # rows, and the chain head that moves with them, are left out. Every other audit row still

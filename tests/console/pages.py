@@ -439,4 +439,28 @@ ADMINISTRATION: dict[str, Page] = {
     ),
 }
 
-PAGES: dict[str, Page] = {**OVERVIEW, **DASHBOARD, **APPROVALS, **POLICY, **ADMINISTRATION}
+# The model gateway (kestrel_one/console/gateway.py): everyone who sees the project reads its
+# usage; projects:manage (owners and admins) sets its budget.
+GATEWAY: dict[str, Page] = {
+    "console_usage": Page(),
+    "console_project_usage": Page(
+        fill=lambda world: {"prj": world.project.public_id},
+        foreign=lambda world: {"prj": world.foreign_project.public_id},
+        get=dict(PROJECT_READERS),
+        posts=(
+            Post(
+                body=lambda world: {"tokens_per_day": "100000", "tokens_per_month": ""},
+                expect={"viewer": 403, "member": 403, "limited": 403, "admin": 303},
+            ),
+        ),
+    ),
+}
+
+PAGES: dict[str, Page] = {
+    **OVERVIEW,
+    **DASHBOARD,
+    **APPROVALS,
+    **POLICY,
+    **ADMINISTRATION,
+    **GATEWAY,
+}
