@@ -74,7 +74,9 @@ def openai_exception_handler(exc, context):
             else _OPENAI_TYPES.get(response.status_code, "api_error")
         )
         details = error.get("details")
-        error["param"] = next(iter(details), None) if isinstance(details, dict) and code == "invalid" else None
+        error["param"] = (
+            next(iter(details), None) if isinstance(details, dict) and code == "invalid" else None
+        )
     return response
 
 
@@ -103,13 +105,17 @@ def _messages(raw: Any) -> tuple[dict[str, str], ...]:
             raise _invalid(at, "must be an object with role and content")
         unknown = sorted(set(message) - {"role", "content", "name"})
         if unknown:
-            raise _invalid(f"{at}.{str(unknown[0])[:40]}", "unknown field; a message takes role, content")
+            raise _invalid(
+                f"{at}.{str(unknown[0])[:40]}", "unknown field; a message takes role, content"
+            )
         if message.get("role") not in ROLES:
             raise _invalid(f"{at}.role", f"must be one of {', '.join(ROLES)}")
         content = message.get("content")
         if isinstance(content, list):
             if not all(
-                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
                 for part in content
             ):
                 raise _invalid(f"{at}.content", "only text content parts are taken")

@@ -200,7 +200,9 @@ class _Call:
             outcome=outcome,
             credential=self.credential,
             request_bytes=len(self.request_body),
-            request_sha256=hashlib.sha256(self.request_body).hexdigest() if self.request_body else "",
+            request_sha256=hashlib.sha256(self.request_body).hexdigest()
+            if self.request_body
+            else "",
             response_bytes=self.response_bytes,
             response_sha256=self.digest.hexdigest() if self.response_bytes else "",
             duration_ms=int((time.monotonic() - self.started) * 1000),
@@ -273,7 +275,9 @@ def model_call(
         call.settle("failed", error_code=refused.code)
         raise _egress_failure(refused.code) from None
     except EgressFailed as failed:
-        call.settle("failed", error_code=failed.code, charge_reservation=failed.code not in NOT_SENT)
+        call.settle(
+            "failed", error_code=failed.code, charge_reservation=failed.code not in NOT_SENT
+        )
         raise _egress_failure(failed.code) from None
     except BaseException:
         # Anything else (a bug, a worker being stopped): the provider may have done the work.
@@ -365,7 +369,9 @@ def model_call_stream(
             call.digest.update(raw)
             call.response_bytes = len(raw)
             body = _parse(raw)
-            call.settle("upstream_error", upstream_status=upstream.status, error_code="upstream_error")
+            call.settle(
+                "upstream_error", upstream_status=upstream.status, error_code="upstream_error"
+            )
             stack.close()
             raise _upstream_error(upstream.status, body)
     except GatewayError as error:
@@ -379,7 +385,9 @@ def model_call_stream(
         raise _egress_failure(refused.code) from None
     except EgressFailed as failed:
         stack.close()
-        call.settle("failed", error_code=failed.code, charge_reservation=failed.code not in NOT_SENT)
+        call.settle(
+            "failed", error_code=failed.code, charge_reservation=failed.code not in NOT_SENT
+        )
         raise _egress_failure(failed.code) from None
     except BaseException:
         stack.close()
@@ -390,15 +398,12 @@ def model_call_stream(
         reader = StreamReader("openai")
 
         def passed(chunk: bytes) -> bytes:
-            reader.feed(chunk)
-            return chunk
+            return reader.passed_on(chunk, include_usage=include_usage)
 
         def tail() -> bytes:
             return b""
     else:
-        translator = AnthropicStreamToOpenAI(
-            model=request.policy_name, include_usage=include_usage
-        )
+        translator = AnthropicStreamToOpenAI(model=request.policy_name, include_usage=include_usage)
         reader = translator.reader
         passed = translator.feed
         tail = translator.finish

@@ -24,11 +24,11 @@ from kestrel_one.adapters.registry import get_operation
 
 __all__ = [
     "PROVIDERS",
+    "AnthropicStreamToOpenAI",
     "ModelRequest",
     "StreamReader",
     "UnknownModel",
     "anthropic_to_openai",
-    "AnthropicStreamToOpenAI",
     "completion_text",
     "provider_args",
     "split_model_name",
@@ -146,26 +146,24 @@ def completion_text(provider: str, body: Any) -> str:
     )
 
 
-def _events(buffer: bytearray) -> Iterator[tuple[str, str]]:
-    """Complete server-sent events taken off the front of ``buffer``: (event, data)."""
+def _events(buffer: bytearray) -> Iterator[tuple[str, str, bytes]]:
+    """Complete server-sent events taken off the front of ``buffer``: (event, data, the
+    event's bytes with its blank-line end)."""
     while True:
         text = bytes(buffer)
-        cut = min(
-            (i for i in (text.find(b"\n\n"), text.find(b"\r\n\r\n")) if i >= 0), default=-1
-        )
+        cut = min((i for i in (text.find(b"\n\n"), text.find(b"\r\n\r\n")) if i >= 0), default=-1)
         if cut < 0:
             return
         end = cut + (4 if text.startswith(b"\r\n\r\n", cut) else 2)
-        raw = text[:cut].decode("utf-8", "replace")
+        raw = text[:end]
         del buffer[:end]
         event, data = "message", []
-        for line in raw.splitlines():
+        for line in raw.decode("utf-8", "replace").splitlines():
             if line.startswith("event:"):
                 event = line[6:].strip()
             elif line.startswith("data:"):
                 data.append(line[5:].lstrip(" "))
-        if data:
-            yield event, "\n".join(data)
+        yield event, "\n".join(data), raw
 
 
 @dataclass
@@ -180,23 +178,39 @@ class StreamReader:
     finished: bool = False
     _buffer: bytearray = field(default_factory=bytearray)
 
-    def feed(self, chunk: bytes) -> list[tuple[str, Any]]:
-        """Read ``chunk``; the complete events in it, parsed (data ``None`` when not JSON)."""
+    def feed(self, chunk: bytes) -> list[tuple[str, Any, bytes]]:
+        """Read ``chunk``; the complete events in it: (event, data parsed or ``None`` when it
+        is not JSON, the event's bytes)."""
         self._buffer += chunk
-        parsed = []
-        for event, data in _events(self._buffer):
+        parsed: list[tuple[str, Any, bytes]] = []
+        for event, data, raw in _events(self._buffer):
             if data.strip() == "[DONE]":
                 self.finished = True
-                parsed.append((event, None))
+                parsed.append((event, None, raw))
                 continue
             try:
-                payload = json.loads(data)
+                payload = json.loads(data) if data else None
             except ValueError:
-                parsed.append((event, None))
-                continue
-            self._read(event, payload)
-            parsed.append((event, payload))
+                payload = None
+            if payload is not None:
+                self._read(event, payload)
+            parsed.append((event, payload, raw))
         return parsed
+
+    def passed_on(self, chunk: bytes, *, include_usage: bool) -> bytes:
+        """The OpenAI events in ``chunk`` to send on as they came, read on the way; without
+        ``include_usage`` the usage chunk the gateway asked for for itself is left out."""
+        out = []
+        for _, payload, raw in self.feed(chunk):
+            if (
+                not include_usage
+                and isinstance(payload, dict)
+                and not payload.get("choices")
+                and payload.get("usage") is not None
+            ):
+                continue
+            out.append(raw)
+        return b"".join(out)
 
     def _read(self, event: str, payload: Any) -> None:
         if not isinstance(payload, dict):
@@ -284,9 +298,9 @@ class AnthropicStreamToOpenAI:
             "object": "chat.completion.chunk",
             "created": self._created,
             "model": self.model,
-            "choices": [] if usage else [
-                {"index": 0, "delta": delta, "finish_reason": finish_reason}
-            ],
+            "choices": []
+            if usage
+            else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
         }
         if usage is not None:
             payload["usage"] = usage
@@ -294,7 +308,7 @@ class AnthropicStreamToOpenAI:
 
     def feed(self, chunk: bytes) -> bytes:
         out = []
-        for event, payload in self.reader.feed(chunk):
+        for event, payload, _ in self.reader.feed(chunk):
             if not isinstance(payload, dict):
                 continue
             kind = payload.get("type", event)
