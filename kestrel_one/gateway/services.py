@@ -87,7 +87,8 @@ def budget_set(*, actor, project, tokens_per_day, tokens_per_month) -> ModelBudg
         project=project,
         defaults={"organization": project.organization, "updated_by": actor.actor_id},
     )
-    before = {"tokens_per_day": budget.tokens_per_day, "tokens_per_month": budget.tokens_per_month}
+    # Keys without "token" in them: redaction masks the values of secret-like keys.
+    before = {"per_day": budget.tokens_per_day, "per_month": budget.tokens_per_month}
     budget.tokens_per_day = per_day
     budget.tokens_per_month = per_month
     budget.updated_by = actor.actor_id
@@ -99,7 +100,7 @@ def budget_set(*, actor, project, tokens_per_day, tokens_per_month) -> ModelBudg
         target=project,
         data={
             "before": before,
-            "after": {"tokens_per_day": per_day, "tokens_per_month": per_month},
+            "after": {"per_day": per_day, "per_month": per_month},
         },
     )
     return budget
@@ -254,8 +255,9 @@ def usage_settle(*, usage: ModelUsage, settlement: Settlement, actor=None) -> Mo
 
 def usage_audit_data(usage: ModelUsage) -> dict:
     """What audit keeps of a call: who, which model, tokens, sizes and hashes; no content."""
+    # Token counts under "usage" as input/output/charged: a key naming "token" is masked.
     return {
-        "usage": usage.public_id,
+        "record": usage.public_id,
         "project": usage.project.public_id,
         "surface": usage.surface,
         "model": f"{usage.provider}/{usage.model}",
@@ -264,9 +266,12 @@ def usage_audit_data(usage: ModelUsage) -> dict:
         "upstream_status": usage.upstream_status,
         "error_code": usage.error_code,
         "credential": usage.credential,
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "charged_tokens": usage.charged_tokens,
+        "usage": {
+            "input": usage.input_tokens,
+            "output": usage.output_tokens,
+            "reserved": usage.reserved_tokens,
+            "charged": usage.charged_tokens,
+        },
         "request_bytes": usage.request_bytes,
         "request_sha256": usage.request_sha256,
         "response_bytes": usage.response_bytes,
