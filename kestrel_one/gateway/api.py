@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from rest_framework import mixins, renderers, serializers
 from rest_framework.response import Response
 
@@ -244,10 +244,11 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
             project=self.project, request=model_request, caller=caller, surface="endpoint"
         )
         if model_request.provider == "openai" and isinstance(exchange.body, dict):
-            body = exchange.body
+            # The provider's answer as it came (it parsed as JSON): nothing to re-render.
+            response = HttpResponse(exchange.raw, content_type="application/json")
         else:
             body = anthropic_to_openai(exchange.body, model=model_request.policy_name)
-        response = Response(body, status=200)
+            response = Response(body, status=200)
         response["X-Kestrel-Usage"] = exchange.usage.public_id
         return response
 

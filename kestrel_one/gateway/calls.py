@@ -4,11 +4,11 @@ The order is fixed, and every path after the reservation settles it exactly once
 
 1. the policy judges ``model.invoke`` for ``provider/model`` (the tool path has already
    been judged as an action; the endpoint is judged here, where no person can approve);
-2. the credential reference is checked (the org credential for the provider unless the
-   call names one); nothing is decrypted yet;
+2. the credential is released for this one call (the org credential for the provider
+   unless the call names one); a refusal here reserves nothing;
 3. the call's upper bound of tokens is reserved in the project's budget (or 429);
-4. the credential is released for this one request, the registry operation's exact
-   request is built and its presentation header added, and the one egress client sends it;
+4. the registry operation's exact request is built, the credential put in its
+   presentation header, and the one egress client sends it;
 5. the reservation is settled with the provider's reported usage: on success, on an
    upstream error (what it reports, else nothing), on a failure before anything was sent
    (nothing), and when the answer was lost after sending (a timeout, a stream cut short:
@@ -99,12 +99,7 @@ def _credential_reference(*, organization, request: ModelRequest, named: str | N
     try:
         credential = named or credential_default(organization=organization, adapter=request.adapter)
         if credential is None:
-            raise GatewayError(
-                "credential_missing",
-                f"This organization has no active {request.provider} credential; an admin adds "
-                f"one (adapter '{request.adapter}') under Credentials.",
-                status=409,
-            )
+            raise _credential_missing(request)
         reference = {"credential": credential}
         reference_check(
             organization=organization,
@@ -116,6 +111,15 @@ def _credential_reference(*, organization, request: ModelRequest, named: str | N
     except CredentialRefused as refused:
         raise GatewayError(refused.code, refused.message, status=403) from None
     return reference
+
+
+def _credential_missing(request: ModelRequest) -> GatewayError:
+    return GatewayError(
+        "credential_missing",
+        f"This organization has no active {request.provider} credential; an admin adds one "
+        f"(adapter '{request.adapter}') under Credentials.",
+        status=409,
+    )
 
 
 def _release(*, organization, request: ModelRequest, reference: dict, caller):
@@ -214,9 +218,22 @@ class _Call:
 
 def _begin(
     *, project, request: ModelRequest, caller: Caller, surface: str, credential, action
-) -> tuple[_Call, dict]:
-    reference = _credential_reference(
-        organization=project.organization, request=request, named=credential, caller=caller
+) -> tuple[_Call, Any]:
+    """Release the credential for this one call (refused: nothing reserved), then reserve."""
+    from kestrel_one.credentials.release import CredentialRefused, credential_default
+
+    organization = project.organization
+    try:
+        named = credential or credential_default(organization=organization, adapter=request.adapter)
+    except CredentialRefused as refused:
+        raise GatewayError(refused.code, refused.message, status=403) from None
+    if named is None:
+        raise _credential_missing(request)
+    released = _release(
+        organization=organization,
+        request=request,
+        reference={"credential": named},
+        caller=caller,
     )
     usage = usage_reserve(
         project=project,
@@ -228,7 +245,8 @@ def _begin(
         action=action,
         stream=request.stream,
     )
-    return _Call(request=request, usage=usage, caller=caller), reference
+    call = _Call(request=request, usage=usage, caller=caller, credential=released.record)
+    return call, released
 
 
 def model_call(
@@ -243,7 +261,7 @@ def model_call(
     """A whole (not streamed) call; raises GatewayError (reservation settled) on failure."""
     from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
 
-    call, reference = _begin(
+    call, released = _begin(
         project=project,
         request=request,
         caller=caller,
@@ -252,10 +270,6 @@ def model_call(
         action=action,
     )
     try:
-        released = _release(
-            organization=project.organization, request=request, reference=reference, caller=caller
-        )
-        call.credential = released.record
         prepared, headers = _prepared(request, released.secret)
         del released
         call.request_body = prepared.body or b""
@@ -336,7 +350,7 @@ def model_call_stream(
     raises GatewayError (settled); after it, the stream ends where the provider's did."""
     from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_stream
 
-    call, reference = _begin(
+    call, released = _begin(
         project=project,
         request=request,
         caller=caller,
@@ -346,10 +360,6 @@ def model_call_stream(
     )
     stack = ExitStack()
     try:
-        released = _release(
-            organization=project.organization, request=request, reference=reference, caller=caller
-        )
-        call.credential = released.record
         prepared, headers = _prepared(request, released.secret)
         del released
         call.request_body = prepared.body or b""

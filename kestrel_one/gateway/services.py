@@ -135,26 +135,9 @@ def usage_reserve(
     limits = budget_limits(project)
     windows = ((BudgetPeriod.DAY, day, limits.tokens_per_day),)
     windows += ((BudgetPeriod.MONTH, month, limits.tokens_per_month),)
-    BudgetWindow.objects.bulk_create(
-        [
-            BudgetWindow(
-                organization_id=project.organization_id,
-                project=project,
-                period=period,
-                starts_on=starts_on,
-            )
-            for period, starts_on, _ in windows
-        ],
-        ignore_conflicts=True,
-    )
     # Always day then month: every reservation locks the two rows in one order (no deadlock).
     for period, starts_on, limit in windows:
-        rows = BudgetWindow.objects.filter(project=project, period=period, starts_on=starts_on)
-        if limit is not None:
-            rows = rows.alias(committed=F("used") + F("reserved")).filter(
-                committed__lte=limit - tokens
-            )
-        if rows.update(reserved=F("reserved") + tokens) != 1:
+        if not _take(project, period, starts_on, limit, tokens):
             raise BudgetExceeded(
                 f"This call would need up to {tokens} tokens, more than is left of the "
                 f"project's {period} budget ({limit} tokens per {period}). Ask an admin to "
@@ -162,7 +145,7 @@ def usage_reserve(
                 details={"period": period, "limit": limit, "reservation": tokens},
             )
     return ModelUsage.objects.create(
-        organization_id=project.organization_id,
+        organization=project.organization,
         project=project,
         action=action,
         surface=surface,
@@ -176,6 +159,34 @@ def usage_reserve(
         reserved_tokens=tokens,
         expires_at=now + dt.timedelta(seconds=settings.KESTREL_GATEWAY_RESERVATION_SECONDS),
     )
+
+
+def _take(project, period: str, starts_on: dt.date, limit: int | None, tokens: int) -> bool:
+    """Reserve ``tokens`` in one window if they fit under ``limit``: one conditional UPDATE
+    (the window's first call of the period creates its row first)."""
+    rows = BudgetWindow.objects.filter(project=project, period=period, starts_on=starts_on)
+    fitting = rows
+    if limit is not None:
+        fitting = rows.alias(committed=F("used") + F("reserved")).filter(
+            committed__lte=limit - tokens
+        )
+    if fitting.update(reserved=F("reserved") + tokens) == 1:
+        return True
+    if rows.exists():
+        return False
+    BudgetWindow.objects.bulk_create(
+        [
+            BudgetWindow(
+                organization_id=project.organization_id,
+                project=project,
+                period=period,
+                starts_on=starts_on,
+            )
+        ],
+        # Another call may be making it at the same moment: then it is that one's row.
+        ignore_conflicts=True,
+    )
+    return fitting.update(reserved=F("reserved") + tokens) == 1
 
 
 def _release(usage: ModelUsage, charged: int) -> None:
@@ -219,28 +230,29 @@ class Settlement:
 def usage_settle(*, usage: ModelUsage, settlement: Settlement, actor=None) -> ModelUsage | None:
     """Release the reservation and charge what the provider reported, once: None when the
     reservation was already settled or expired (then nothing changes)."""
-    charged = settlement.charged(usage.reserved_tokens)
-    now = timezone.now()
-    claimed = ModelUsage.objects.filter(pk=usage.pk, state=UsageState.RESERVED).update(
-        state=UsageState.SETTLED,
-        settled_at=now,
-        charged_tokens=charged,
-        input_tokens=settlement.input_tokens,
-        output_tokens=settlement.output_tokens,
-        outcome=settlement.outcome,
-        upstream_status=settlement.upstream_status,
-        error_code=settlement.error_code[:40],
-        credential=settlement.credential,
-        request_bytes=settlement.request_bytes,
-        request_sha256=settlement.request_sha256,
-        response_bytes=settlement.response_bytes,
-        response_sha256=settlement.response_sha256,
-        duration_ms=settlement.duration_ms,
-    )
+    fields = {
+        "state": UsageState.SETTLED,
+        "settled_at": timezone.now(),
+        "charged_tokens": settlement.charged(usage.reserved_tokens),
+        "input_tokens": settlement.input_tokens,
+        "output_tokens": settlement.output_tokens,
+        "outcome": settlement.outcome,
+        "upstream_status": settlement.upstream_status,
+        "error_code": settlement.error_code[:40],
+        "credential": settlement.credential,
+        "request_bytes": settlement.request_bytes,
+        "request_sha256": settlement.request_sha256,
+        "response_bytes": settlement.response_bytes,
+        "response_sha256": settlement.response_sha256,
+        "duration_ms": settlement.duration_ms,
+    }
+    claimed = ModelUsage.objects.filter(pk=usage.pk, state=UsageState.RESERVED).update(**fields)
     if claimed != 1:
         return None
-    _release(usage, charged)
-    usage.refresh_from_db()
+    _release(usage, fields["charged_tokens"])
+    # The row now holds exactly these values; no need to read it back.
+    for name, value in fields.items():
+        setattr(usage, name, value)
     if actor is not None:
         audit_record(
             organization=usage.organization,
