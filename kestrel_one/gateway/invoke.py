@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from django.conf import settings
 from django.db import transaction
 
@@ -23,6 +24,8 @@ from kestrel_one.gateway.api import model_request_check
 from kestrel_one.gateway.calls import Caller, GatewayError, model_call
 from kestrel_one.gateway.providers import ModelRequest, UnknownModel, split_model_name
 from policies import Request
+
+logger = structlog.get_logger(__name__)
 
 TOOL = "model.invoke"
 # A thread event keeps at most this much of one message's text; a longer text is cut into
@@ -133,6 +136,17 @@ def model_invoke_run(*, action_id: str) -> str:
             error={"code": error.code, "message": error.message, "details": error.details},
             evidence=_evidence(usage, request),
         )
+    except Exception:
+        # The reservation is settled (calls.model_call); the action ends now rather than
+        # when the sweep finds it silent. The exception itself may carry what was sent.
+        logger.exception("model call failed", action=action.public_id)
+        return control_call_finish(
+            action=action,
+            outcome="failed",
+            result=None,
+            error={"code": "internal", "message": "The model call failed on our side."},
+            evidence=_evidence(_usage_of(action), request),
+        )
     usage = exchange.usage
     with transaction.atomic():
         _text_events(action.thread, action, "model.completion", "assistant", exchange.text, 0)
@@ -156,13 +170,16 @@ def model_invoke_run(*, action_id: str) -> str:
 
 
 def _requester(action):
-    from kestrel_one.accounts.principal import Principal, PrincipalKind
+    """Whom the audit names for the call: the action's requester."""
+    from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 
     if action.requested_by_token is not None:
         return Principal(
             PrincipalKind.TOKEN, user=action.requested_by_user, token=action.requested_by_token
         )
-    return Principal(PrincipalKind.SESSION, user=action.requested_by_user)
+    if action.requested_by_user is not None:
+        return Principal(PrincipalKind.SESSION, user=action.requested_by_user)
+    return system_principal(action.requested_by or "control-tier")
 
 
 def _usage_of(action):
