@@ -47,6 +47,10 @@ FIELDS = (
     "temperature",
     "stream",
     "stream_options",
+    # Taken and checked, sent on as what they mean: only one choice is made (n must be 1),
+    # and an end-user id is for the caller's own records (not sent to the provider).
+    "n",
+    "user",
 )
 
 # The OpenAI error type for each status an answer of this endpoint can have.
@@ -155,6 +159,10 @@ def model_request_from_openai(body: Any, *, default_max_tokens: int) -> tuple[Mo
         isinstance(temperature, bool) or not isinstance(temperature, int | float)
     ):
         raise _invalid("temperature", "must be a number")
+    if body.get("n", 1) != 1 or isinstance(body.get("n"), bool):
+        raise _invalid("n", "only one choice is made here: send 1 or leave it out")
+    if not isinstance(body.get("user", ""), str):
+        raise _invalid("user", "must be text")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _invalid("stream", "must be true or false")
