@@ -13,7 +13,8 @@ calls per second with 8 concurrent threads vs ``docker exec`` in a loop; policy 
 vs a dict lookup; the threads, events and audit list endpoints at 1,000 and 100,000 rows;
 audit appends per second with 4 writers vs one, and verify time per 10,000 records vs
 reading them; the console's overview, inbox, thread timeline and audit pages at 1,000 and
-100,000 rows (bench/console_pages.py: p95, the 100k/1k ratio and the SQL queries per page).
+100,000 rows (bench/console_pages.py: p95, the 100k/1k ratio and the SQL queries per page);
+a model-gateway call vs the same provider request made directly (bench/gateway.py).
 See docs/performance.md for the method and the latest figures.
 """
 
@@ -333,17 +334,38 @@ def console_figures(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
     return figures, details
 
 
+def gateway_figure(quick: bool) -> Figure:
+    """bench/gateway.py in a process of its own (it sets Django up on its own database)."""
+    with tempfile.TemporaryDirectory(prefix="kestrel-bench-gateway-") as folder:
+        output = Path(folder) / "gateway.json"
+        argv = [sys.executable, str(ROOT / "bench" / "gateway.py"), "--json", str(output)]
+        completed = subprocess.run([*argv, *(["--quick"] if quick else [])], check=False)
+        if not output.exists():
+            raise RuntimeError(f"bench/gateway.py failed (exit {completed.returncode})")
+        found = json.loads(output.read_text())
+    samples = found["samples_s"]
+    return timing_figure(
+        "model gateway call",
+        samples["gateway"],
+        "the provider request direct",
+        samples["direct"],
+        target=found["target"],
+        met=found["met"],
+        overhead_ms=found["overhead_ms"],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter runs")
     parser.add_argument(
         "--only",
-        choices=["governed", "policy", "records", "console"],
+        choices=["governed", "policy", "records", "console", "gateway"],
         action="append",
         help="run only these parts (repeatable)",
     )
     options = parser.parse_args(argv)
-    parts = options.only or ["governed", "policy", "records", "console"]
+    parts = options.only or ["governed", "policy", "records", "console", "gateway"]
     started = time.perf_counter()
     figures: list[Figure] = []
     details: dict[str, Any] = {}
@@ -365,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             for size, chain in details["console"]["chains"].items()
             if not chain["ok"]
         ]
+    if "gateway" in parts:
+        figures.append(gateway_figure(options.quick))
     info = machine()
     print()
     print(
