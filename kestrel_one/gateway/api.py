@@ -14,6 +14,7 @@ reads them as its own.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.http import HttpResponse, StreamingHttpResponse
@@ -249,16 +250,40 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
             response["X-Kestrel-Usage"] = stream.usage.public_id
             return response
         exchange = model_call(
-            project=self.project, request=model_request, caller=caller, surface="endpoint"
+            project=self.project,
+            request=model_request,
+            caller=caller,
+            surface="endpoint",
+            settle_after=True,
         )
         if model_request.provider == "openai" and isinstance(exchange.body, dict):
             # The provider's answer as it came (it parsed as JSON): nothing to re-render.
-            response = HttpResponse(exchange.raw, content_type="application/json")
+            content = exchange.raw
         else:
-            body = anthropic_to_openai(exchange.body, model=model_request.policy_name)
-            response = Response(body, status=200)
+            content = json.dumps(
+                anthropic_to_openai(exchange.body, model=model_request.policy_name),
+                separators=(",", ":"),
+            ).encode()
+        response = SettledOnClose(content, settle=exchange.settle)
         response["X-Kestrel-Usage"] = exchange.usage.public_id
         return response
+
+
+class SettledOnClose(HttpResponse):
+    """A model call's answer whose reservation is settled when the server closes the
+    response, after the body was sent: the client does not wait for the settlement and
+    its audit record. ``close`` runs even when the client went away; the settlement runs
+    before Django's own close (which may close the database connection)."""
+
+    def __init__(self, content: bytes, *, settle):
+        super().__init__(content, content_type="application/json")
+        self._settle = settle
+
+    def close(self) -> None:
+        try:
+            self._settle()
+        finally:
+            super().close()
 
 
 class BudgetSerializer(serializers.Serializer):

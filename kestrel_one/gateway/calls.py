@@ -87,6 +87,8 @@ class Exchange:
     body: Any
     raw: bytes
     text: str
+    # With ``settle_after``: settles the reservation (call it once the answer is sent).
+    settle: Any = None
 
 
 def _credential_reference(*, organization, request: ModelRequest, named: str | None, caller):
@@ -257,8 +259,13 @@ def model_call(
     surface: str,
     credential: str | None = None,
     action=None,
+    settle_after: bool = False,
 ) -> Exchange:
-    """A whole (not streamed) call; raises GatewayError (reservation settled) on failure."""
+    """A whole (not streamed) call; raises GatewayError (reservation settled) on failure.
+
+    ``settle_after``: a success is settled by the caller (``Exchange.settle``) once it has
+    sent the answer on; until then the reservation holds the call's bound, so the budget is
+    never short, and a process that dies first leaves it to expire (charged in full)."""
     from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
 
     call, released = _begin(
@@ -310,20 +317,24 @@ def model_call(
             output_tokens=output_tokens,
         )
         raise _upstream_error(answer.status, body)
-    usage = call.settle(
-        "succeeded",
-        upstream_status=answer.status,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        # A 2xx without usage: the work was done, so the bound is what is charged.
-        charge_reservation=True,
-    )
+
+    def settle() -> ModelUsage:
+        return call.settle(
+            "succeeded",
+            upstream_status=answer.status,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            # A 2xx without usage: the work was done, so the bound is what is charged.
+            charge_reservation=True,
+        )
+
     return Exchange(
-        usage=usage,
+        usage=call.usage if settle_after else settle(),
         status=answer.status,
         body=body,
         raw=answer.body,
         text=completion_text(request.provider, body),
+        settle=settle if settle_after else None,
     )
 
 
