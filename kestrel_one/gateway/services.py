@@ -10,6 +10,7 @@ totals and no set of them can go past a limit (tests/gateway/test_budget_concurr
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
@@ -132,12 +133,21 @@ def usage_reserve(
     Nothing is reserved when either window lacks room (the transaction rolls back)."""
     now = now or timezone.now()
     day, month = periods_of(now)
-    limits = budget_limits(project)
-    windows = ((BudgetPeriod.DAY, day, limits.tokens_per_day),)
-    windows += ((BudgetPeriod.MONTH, month, limits.tokens_per_month),)
-    # Always day then month: every reservation locks the two rows in one order (no deadlock).
-    for period, starts_on, limit in windows:
-        if not _take(project, period, starts_on, limit, tokens):
+    taken = _take(project, day, month, tokens)
+    if taken.day and not taken.month and not _window_exists(project, BudgetPeriod.MONTH, month):
+        # The month's first call (the day's row was there): make its row, take it there.
+        _windows_make(project, ((BudgetPeriod.MONTH, month),))
+        taken = dataclasses.replace(taken, month=_take_month(project, month, taken, tokens))
+    elif not taken.day and not _window_exists(project, BudgetPeriod.DAY, day):
+        # The day's first call: make the rows, then take them.
+        _windows_make(project, ((BudgetPeriod.DAY, day), (BudgetPeriod.MONTH, month)))
+        taken = _take(project, day, month, tokens)
+    for period, ok, limit in (
+        (BudgetPeriod.DAY, taken.day, taken.per_day),
+        (BudgetPeriod.MONTH, taken.month, taken.per_month),
+    ):
+        if not ok:
+            # Raised inside the transaction: whatever the other window took is rolled back.
             raise BudgetExceeded(
                 f"This call would need up to {tokens} tokens, more than is left of the "
                 f"project's {period} budget ({limit} tokens per {period}). Ask an admin to "
@@ -161,19 +171,91 @@ def usage_reserve(
     )
 
 
-def _take(project, period: str, starts_on: dt.date, limit: int | None, tokens: int) -> bool:
-    """Reserve ``tokens`` in one window if they fit under ``limit``: one conditional UPDATE
-    (the window's first call of the period creates its row first)."""
-    rows = BudgetWindow.objects.filter(project=project, period=period, starts_on=starts_on)
-    fitting = rows
-    if limit is not None:
-        fitting = rows.alias(committed=F("used") + F("reserved")).filter(
-            committed__lte=limit - tokens
+@dataclass(frozen=True)
+class _Taken:
+    day: bool
+    month: bool
+    per_day: int | None
+    per_month: int | None
+
+
+# One statement: the project's limits (its budget, else the operator's default), then the
+# day's window and, only if that took, the month's, each a conditional UPDATE that
+# PostgreSQL re-checks on the row it locks. The month's UPDATE reads the day's result, so
+# the day's row is always locked first (one order for every reservation: no deadlock).
+_TAKE_SQL = """
+WITH lim AS (
+    SELECT CASE WHEN b.id IS NULL THEN %(default_day)s::bigint ELSE b.tokens_per_day END
+               AS per_day,
+           CASE WHEN b.id IS NULL THEN %(default_month)s::bigint ELSE b.tokens_per_month END
+               AS per_month
+    FROM (SELECT 1) AS one LEFT JOIN {budget} b ON b.project_id = %(project)s
+), d AS (
+    UPDATE {window} w SET reserved = w.reserved + %(tokens)s FROM lim
+    WHERE w.project_id = %(project)s AND w.period = 'day' AND w.starts_on = %(day)s
+      AND (lim.per_day IS NULL OR w.used + w.reserved + %(tokens)s <= lim.per_day)
+    RETURNING w.id
+), m AS (
+    UPDATE {window} w SET reserved = w.reserved + %(tokens)s FROM lim
+    WHERE w.project_id = %(project)s AND w.period = 'month' AND w.starts_on = %(month)s
+      AND (lim.per_month IS NULL OR w.used + w.reserved + %(tokens)s <= lim.per_month)
+      AND EXISTS (SELECT 1 FROM d)
+    RETURNING w.id
+)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM m), lim.per_day, lim.per_month
+FROM lim
+"""
+
+
+def _take(project, day: dt.date, month: dt.date, tokens: int) -> _Taken:
+    """Take ``tokens`` in the day's window, then the month's, where they fit."""
+    connection = transaction.get_connection()
+    if connection.vendor != "postgresql":
+        # SQLite (single host): its writing transactions begin IMMEDIATE (settings), so
+        # they run one at a time, and the same conditional UPDATEs, one per window, do.
+        limits = budget_limits(project)
+        took_day = _take_one(project, BudgetPeriod.DAY, day, limits.tokens_per_day, tokens)
+        took_month = took_day and _take_one(
+            project, BudgetPeriod.MONTH, month, limits.tokens_per_month, tokens
         )
-    if fitting.update(reserved=F("reserved") + tokens) == 1:
-        return True
-    if rows.exists():
-        return False
+        return _Taken(took_day, took_month, limits.tokens_per_day, limits.tokens_per_month)
+    quote = connection.ops.quote_name
+    sql = _TAKE_SQL.format(
+        budget=quote(ModelBudget._meta.db_table), window=quote(BudgetWindow._meta.db_table)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {
+                "project": project.pk,
+                "day": day,
+                "month": month,
+                "tokens": tokens,
+                "default_day": settings.KESTREL_GATEWAY_DEFAULT_TOKENS_PER_DAY,
+                "default_month": settings.KESTREL_GATEWAY_DEFAULT_TOKENS_PER_MONTH,
+            },
+        )
+        took_day, took_month, per_day, per_month = cursor.fetchone()
+    return _Taken(took_day == 1, took_month == 1, per_day, per_month)
+
+
+def _take_month(project, month: dt.date, taken: _Taken, tokens: int) -> bool:
+    return _take_one(project, BudgetPeriod.MONTH, month, taken.per_month, tokens)
+
+
+def _take_one(project, period: str, starts_on: dt.date, limit: int | None, tokens: int) -> bool:
+    """One window's conditional UPDATE: ``tokens`` reserved if they fit under ``limit``."""
+    rows = BudgetWindow.objects.filter(project=project, period=period, starts_on=starts_on)
+    if limit is not None:
+        rows = rows.alias(committed=F("used") + F("reserved")).filter(committed__lte=limit - tokens)
+    return rows.update(reserved=F("reserved") + tokens) == 1
+
+
+def _window_exists(project, period: str, starts_on: dt.date) -> bool:
+    return BudgetWindow.objects.filter(project=project, period=period, starts_on=starts_on).exists()
+
+
+def _windows_make(project, windows) -> None:
     BudgetWindow.objects.bulk_create(
         [
             BudgetWindow(
@@ -182,11 +264,11 @@ def _take(project, period: str, starts_on: dt.date, limit: int | None, tokens: i
                 period=period,
                 starts_on=starts_on,
             )
+            for period, starts_on in windows
         ],
-        # Another call may be making it at the same moment: then it is that one's row.
+        # Another call may be making them at the same moment: then they are that one's rows.
         ignore_conflicts=True,
     )
-    return fitting.update(reserved=F("reserved") + tokens) == 1
 
 
 def _release(usage: ModelUsage, charged: int) -> None:
