@@ -312,3 +312,36 @@ def test_the_budget_api_sets_and_shows_the_budget(gateway_world, upstream):
         "left": 988,
     }
     assert AuditRecord.objects.filter(organization=world.org, action="gateway.budget.set").exists()
+
+
+def test_a_whole_answer_is_settled_when_the_server_closes_the_response(gateway_world, upstream):
+    """Behind a WSGI server the client has the answer before the settlement is written;
+    until then the reservation holds the call's bound."""
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.core.signals import request_finished
+    from django.db import close_old_connections
+    from django.test import RequestFactory
+
+    world = gateway_world
+    body = json.dumps({"model": "openai/gpt-4o-mini", "messages": HELLO, "max_tokens": 50})
+    environ = (
+        RequestFactory(HTTP_AUTHORIZATION=f"Bearer {world.member.plaintext}")
+        .post(world.url(), body, content_type="application/json", REMOTE_ADDR="203.0.113.7")
+        .environ
+    )
+    status = []
+    response = WSGIHandler()(environ, lambda line, headers, exc_info=None: status.append(line))
+    answer = json.loads(b"".join(response))
+    assert status[0].startswith("200")
+    assert answer["usage"]["total_tokens"] == 12
+    usage = ModelUsage.objects.get(public_id=response["X-Kestrel-Usage"])
+    assert usage.state == UsageState.RESERVED
+    assert day_window(world).reserved == usage.reserved_tokens
+    request_finished.disconnect(close_old_connections)
+    try:
+        response.close()
+    finally:
+        request_finished.connect(close_old_connections)
+    usage.refresh_from_db()
+    assert (usage.state, usage.charged_tokens) == (UsageState.SETTLED, 12)
+    assert (day_window(world).used, day_window(world).reserved) == (12, 0)
