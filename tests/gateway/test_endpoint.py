@@ -318,7 +318,7 @@ def test_a_whole_answer_is_settled_when_the_server_closes_the_response(gateway_w
     """Behind a WSGI server the client has the answer before the settlement is written;
     until then the reservation holds the call's bound."""
     from django.core.handlers.wsgi import WSGIHandler
-    from django.core.signals import request_finished
+    from django.core.signals import request_finished, request_started
     from django.db import close_old_connections
     from django.test import RequestFactory
 
@@ -330,17 +330,20 @@ def test_a_whole_answer_is_settled_when_the_server_closes_the_response(gateway_w
         .environ
     )
     status = []
-    response = WSGIHandler()(environ, lambda line, headers, exc_info=None: status.append(line))
-    answer = json.loads(b"".join(response))
-    assert status[0].startswith("200")
-    assert answer["usage"]["total_tokens"] == 12
-    usage = ModelUsage.objects.get(public_id=response["X-Kestrel-Usage"])
-    assert usage.state == UsageState.RESERVED
-    assert day_window(world).reserved == usage.reserved_tokens
+    # As Django's test client does: the test's transaction keeps its database connection.
+    request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     try:
+        response = WSGIHandler()(environ, lambda line, headers, exc_info=None: status.append(line))
+        answer = json.loads(b"".join(response))
+        assert status[0].startswith("200")
+        assert answer["usage"]["total_tokens"] == 12
+        usage = ModelUsage.objects.get(public_id=response["X-Kestrel-Usage"])
+        assert usage.state == UsageState.RESERVED
+        assert day_window(world).reserved == usage.reserved_tokens
         response.close()
     finally:
+        request_started.connect(close_old_connections)
         request_finished.connect(close_old_connections)
     usage.refresh_from_db()
     assert (usage.state, usage.charged_tokens) == (UsageState.SETTLED, 12)
