@@ -333,8 +333,8 @@ def destination_addresses(
         raise EgressRefused(refusal)
     override = _overrides().get(destination.host)
     if override is not None:
-        address, port = override
-        return [(ipaddress.ip_address(address), port or destination.port)]
+        override_address, override_port = override
+        return [(ipaddress.ip_address(override_address), override_port or destination.port)]
     addresses = resolve(destination.host, destination.port)
     if not addresses:
         raise EgressRefused(f"{destination.host} resolves to no address")
