@@ -135,6 +135,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # the JSON log is the record
         pass
 
+    def setup(self) -> None:
+        # The TLS handshake happens here, in the request's own thread: a client that connects
+        # and never speaks must not hold up the accept loop (and everyone else's requests).
+        self.request.settimeout(30)
+        self.request.do_handshake()
+        super().setup()
+
     def do_GET(self):
         self._handle()
 
@@ -695,7 +702,9 @@ def make_server(
     server = UpstreamHTTPServer(port, log_file=log_file, secrets_file=secrets_file)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(server_pem))
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.socket = context.wrap_socket(
+        server.socket, server_side=True, do_handshake_on_connect=False
+    )
     return server
 
 
@@ -813,22 +822,26 @@ def upstream_start(directory: Path, *, timeout_s: float = 30.0) -> Upstream:
         json.dumps({host: [secret] for host, secret in DEFAULT_SECRETS.items()})
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.upstream", "--dir", str(directory)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Its errors (a client hanging up mid-handshake) go to a file: a pipe nobody reads would
+    # fill up and stop the server.
+    errors = directory / "upstream-stderr.log"
+    with errors.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.upstream", "--dir", str(directory)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     line: list[str] = []
     reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
     reader.start()
     reader.join(timeout_s)
     if not line or not line[0].startswith("listening "):
         process.kill()
-        _, stderr = process.communicate(timeout=10)
-        raise RuntimeError(f"the test upstream did not start: {stderr[-2000:]}")
+        process.wait(timeout=10)
+        raise RuntimeError(f"the test upstream did not start: {errors.read_text()[-2000:]}")
     return Upstream(port=int(line[0].split()[1]), directory=directory, _process=process)
 
 

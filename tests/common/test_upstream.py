@@ -4,6 +4,10 @@ logs what it received (the other suites count upstream requests with it)."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -167,3 +171,38 @@ def test_the_log_counts_only_this_tests_requests(upstream):
     (record,) = upstream.requests(host="slack", method="get")
     assert record["path"] == "/landed" and record["headers"]["host"] == "slack.com"
     assert upstream.env()["KESTREL_EGRESS_HOST_OVERRIDES"] == upstream.overrides
+
+
+def test_a_client_that_connects_and_never_speaks_holds_up_nobody(upstream):
+    with socket.create_connection(("127.0.0.1", upstream.port)):
+        answer = egress_request(
+            method="GET",
+            url="https://api.openai.com/landed",
+            headers={},
+            body=None,
+            timeout_s=10,
+            max_bytes=100,
+        )
+    assert answer.status == 200
+
+
+def test_a_worker_subprocess_reaches_the_upstream_with_its_env(upstream):
+    """What a Celery worker started by a test gets: the settings from ``env()`` alone."""
+    script = (
+        "import django; django.setup();"
+        "from kestrel_one.common.egress import egress_request;"
+        "a = egress_request(method='GET', url='https://slack.com/landed', headers={},"
+        " body=None, timeout_s=10, max_bytes=100); print(a.status)"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KESTREL_EGRESS_")}
+    env = {**base, "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test", **upstream.env()}
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.stdout.strip() == "200", result.stderr[-2000:]
+    assert len(upstream.requests(host="slack.com", path="/landed")) == 1
