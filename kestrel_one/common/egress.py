@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import time
@@ -434,9 +435,21 @@ def _first_arg_exception(exc: BaseException) -> BaseException | None:
     return next((arg for arg in exc.args if isinstance(arg, BaseException)), None)
 
 
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")
+
+
 def _request_headers(destination: Destination, headers: Mapping[str, str]) -> dict[str, str]:
     """The caller's headers, with ``Host`` always the URL's own (a caller cannot send one for
-    another name) and a User-Agent unless the caller names one."""
+    another name) and a User-Agent unless the caller names one.
+
+    A malformed name or value (a line break would start another header) is refused here:
+    http.client's own error would quote the value, and a value may be a credential."""
+    for name, value in headers.items():
+        if not isinstance(name, str) or not _TOKEN.match(name):
+            raise EgressRefused("a request header has a malformed name")
+        if not isinstance(value, str) or not _HEADER_VALUE.match(value):
+            raise EgressRefused(f"the request header {name[:64]} has a malformed value")
     sent = {name: value for name, value in headers.items() if name.lower() != "host"}
     sent["Host"] = destination.host_header
     if not any(name.lower() == "user-agent" for name in sent):
@@ -550,12 +563,14 @@ def egress_stream(
     ``allow_http``, ``allow_addresses`` and ``ca_bundles`` are for callers with settings of
     their own (webhooks).
     """
+    if not _TOKEN.match(method or ""):
+        raise EgressRefused("the request method is malformed")
     destination = destination_parse(url, allow_http=allow_http)
+    sent = _request_headers(destination, headers)
     targets = destination_addresses(destination, allow=allow_addresses)
     bundles = _ca_bundles(ca_bundles)
     deadline = _Deadline(timeout_s)
     connect = min(connect_timeout_s or timeout_s, timeout_s)
-    sent = _request_headers(destination, headers)
     response = None
     pool = None
     failure: EgressFailed | None = None
@@ -565,7 +580,7 @@ def egress_stream(
         if remaining <= 0:
             failure = EgressFailed("timeout", f"{destination.origin} did not answer in time")
             break
-        timeout = urllib3.Timeout(connect=min(connect, remaining), read=remaining)
+        timeout = urllib3.Timeout(connect=min(connect, remaining), read=remaining, total=remaining)
         pool = _pool(destination, address, port, timeout, bundles)
         try:
             response = pool.urlopen(

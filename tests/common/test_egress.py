@@ -431,6 +431,10 @@ def test_no_failure_carries_a_request_header_body_path_or_query(upstream, settin
         ("connect_failed", f"https://closed.kestrel.test/{canary}{q}", {}),
         ("protocol_error", f"https://localhost/{canary}{q}", {}),
     ]
+    with pytest.raises(EgressRefused) as malformed:
+        _get("https://api.github.com/landed", headers={"Authorization": f"Bearer {canary}\r\nX: 1"})
+    assert canary not in "".join(traceback.format_exception(malformed.value))
+    assert upstream.requests() == []
     try:
         for code, url, options in cases:
             with pytest.raises((EgressRefused, EgressFailed)) as raised:
