@@ -24,7 +24,11 @@ from tests.api.routes import (
 )
 
 # Objects a role may not see even inside its organization (a member sees only own tokens).
-HIDDEN_FROM = {"api:token-detail": {"member", "limited"}}
+HIDDEN_FROM = {
+    "api:token-detail": {"member", "limited"},
+    # A connection is its owner's (the member's) alone, whatever the caller's role (TEN-5).
+    "api:connection-detail": {"owner", "admin", "limited"},
+}
 MISSING_IDS = {
     "id": "tok_00000000000000000000000000",
     "env": "env_00000000000000000000000000",
