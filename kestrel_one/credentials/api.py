@@ -6,7 +6,8 @@ and a refusal of a bad secret never repeats it.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.response import Response
 
@@ -19,6 +20,7 @@ from kestrel_one.credentials.selectors import connections_of
 NO_STORE = {"Cache-Control": "no-store"}
 
 
+@extend_schema_field(OpenApiTypes.STR)
 class SecretField(serializers.Field):
     """A secret as sent: checked by the service, whose refusals never repeat it. No DRF
     coercion (an integer is not a secret) and no whitespace trimming."""
@@ -30,6 +32,7 @@ class SecretField(serializers.Field):
         raise AssertionError("secrets are write-only")
 
 
+@extend_schema_field(OpenApiTypes.STR)
 class AdapterField(serializers.Field):
     def to_internal_value(self, data):
         return services.adapter_check(data)

@@ -114,7 +114,8 @@ def records_objects(world):
 
 
 def credentials_objects(world):
-    """An acme org credential and the member's own App connection, made once per world."""
+    """An acme org credential and the owner's own App connection, made once per world (the
+    owner's: the walkers that probe as the owner expect to reach every object)."""
     if not hasattr(world, "credentials_objects"):
         from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
         from kestrel_one.credentials.services import connection_create, credential_create
@@ -126,9 +127,9 @@ def credentials_objects(world):
             adapter="github",
             secret="ghp_walkerSecret0001",
         )
-        member = Principal(PrincipalKind.SESSION, user=world["member"].user)
+        owner = Principal(PrincipalKind.SESSION, user=world["owner"].user)
         connection = connection_create(
-            actor=member, organization=world.org, adapter="slack", secret="xoxb-walker-0001"
+            actor=owner, organization=world.org, adapter="slack", secret="xoxb-walker-0001"
         )
         world.credentials_objects = (credential, connection)
     return world.credentials_objects
