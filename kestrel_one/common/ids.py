@@ -39,6 +39,8 @@ PREFIXES = frozenset(
         "chk",
         # The model gateway's usage records.
         "mdu",
+        "crd",
+        "con",
     }
 )
 

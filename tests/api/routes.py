@@ -113,6 +113,28 @@ def records_objects(world):
     return world.records_objects
 
 
+def credentials_objects(world):
+    """An acme org credential and the owner's own App connection, made once per world (the
+    owner's: the walkers that probe as the owner expect to reach every object)."""
+    if not hasattr(world, "credentials_objects"):
+        from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+        from kestrel_one.credentials.services import connection_create, credential_create
+
+        credential = credential_create(
+            actor=system_principal("tests"),
+            organization=world.org,
+            name="walker-github",
+            adapter="github",
+            secret="ghp_walkerSecret0001",
+        )
+        owner = Principal(PrincipalKind.SESSION, user=world["owner"].user)
+        connection = connection_create(
+            actor=owner, organization=world.org, adapter="slack", secret="xoxb-walker-0001"
+        )
+        world.credentials_objects = (credential, connection)
+    return world.credentials_objects
+
+
 # URL kwarg fillers: world -> value, per route name (object ids differ per route).
 Filler = Callable[[object], str]
 
@@ -173,6 +195,11 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:retention": {},
     "api:model-chat-completions": PRJ,
     "api:model-budget": PRJ,
+    "api:credential-list": {},
+    "api:credential-detail": {"id": lambda w: credentials_objects(w)[0].public_id},
+    "api:credential-rotate": {"id": lambda w: credentials_objects(w)[0].public_id},
+    "api:connection-list": {},
+    "api:connection-detail": {"id": lambda w: credentials_objects(w)[1].public_id},
 }
 
 READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}
@@ -223,6 +250,13 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
         "messages": [{"role": "user", "content": "hello"}],
     },
     ("api:model-budget", "put"): lambda w: {"tokens_per_day": 1000, "tokens_per_month": None},
+    ("api:credential-list", "post"): lambda w: {
+        "name": "new-github",
+        "adapter": "github",
+        "secret": "ghp_walkerNewSecret02",
+    },
+    ("api:credential-rotate", "post"): lambda w: {"secret": "ghp_walkerRotated0003"},
+    ("api:connection-list", "post"): lambda w: {"adapter": "github", "secret": "ghp_mine0004"},
 }
 
 # Routes whose allowed callers meet a refusal of the route's own after the tenancy and scope
@@ -254,6 +288,7 @@ FINGERPRINTED_APPS = (
     "webhooks",
     "artifacts",
     "gateway",
+    "credentials",
 )
 # A refused request changes nothing except the audit record of its refusal (AUD-1): those
 # rows, and the chain head that moves with them, are left out. Every other audit row still
