@@ -27,7 +27,7 @@ from kestrel_one.execution.api import (
     VerificationViewSet,
 )
 from kestrel_one.execution.runners_api import RunnerViewSet
-from kestrel_one.gateway.api import BudgetViewSet, ChatCompletionsViewSet
+from kestrel_one.gateway.api import BudgetViewSet, ChatCompletionsViewSet, UsageViewSet
 from kestrel_one.governance.api import (
     EffectivePolicyViewSet,
     EnvironmentPolicyViewSet,
@@ -179,6 +179,11 @@ urlpatterns = [
         f"{ORG}/projects/<str:prj>/model/budget",
         BudgetViewSet.as_view(POLICY),
         name="model-budget",
+    ),
+    path(
+        f"{ORG}/projects/<str:prj>/model/usage",
+        UsageViewSet.as_view({"get": "list"}),
+        name="model-usage",
     ),
     # Credentials (docs/credentials.md): write-only secrets, fingerprints in every answer.
     path(f"{ORG}/credentials", CredentialViewSet.as_view(LIST), name="credential-list"),

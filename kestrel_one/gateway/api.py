@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from kestrel_one.adapters.registry import InvalidOperationArguments, validate_operation_args
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.errors import exception_handler
+from kestrel_one.api.pagination import PublicIdCursorPagination
 from kestrel_one.common.errors import KestrelError, PermissionDenied, ValidationFailed
 from kestrel_one.gateway.calls import Caller, model_call, model_call_stream
 from kestrel_one.gateway.models import ModelBudget, ModelUsage
@@ -307,4 +308,64 @@ class BudgetViewSet(mixins.RetrieveModelMixin, ProjectScopedViewSet):
         return Response(budget_view(self.project))
 
 
-__all__ = ["BudgetViewSet", "ChatCompletionsViewSet", "KestrelError"]
+class UsageSerializer(serializers.ModelSerializer):
+    """A model call as the API shows it: who, which model, tokens, sizes; never content."""
+
+    id = serializers.CharField(source="public_id", read_only=True)
+    model = serializers.SerializerMethodField()
+    action = serializers.CharField(source="action.public_id", default=None, read_only=True)
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ModelUsage
+        fields = [
+            "id",
+            "surface",
+            "model",
+            "stream",
+            "action",
+            "requested_by",
+            "credential",
+            "state",
+            "outcome",
+            "upstream_status",
+            "error_code",
+            "usage",
+            "request_bytes",
+            "response_bytes",
+            "duration_ms",
+            "created_at",
+            "settled_at",
+        ]
+
+    def get_model(self, usage: ModelUsage) -> str:
+        return f"{usage.provider}/{usage.model}"
+
+    def get_usage(self, usage: ModelUsage) -> dict:
+        # Token counts as input/output/reserved/charged (as audit keeps them).
+        return {
+            "input": usage.input_tokens,
+            "output": usage.output_tokens,
+            "reserved": usage.reserved_tokens,
+            "charged": usage.charged_tokens,
+        }
+
+
+class NewestFirst(PublicIdCursorPagination):
+    ordering = "-public_id"
+
+
+class UsageViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
+    """The project's model calls, newest first (cursor pages, ``?limit=``)."""
+
+    scope_map = {"GET": "projects:read"}
+    queryset = ModelUsage.objects.none()
+    serializer_class = UsageSerializer
+
+    pagination_class = NewestFirst
+
+    def restrict(self, queryset):
+        return queryset.filter(project=self.project).select_related("action")
+
+
+__all__ = ["BudgetViewSet", "ChatCompletionsViewSet", "KestrelError", "UsageViewSet"]

@@ -195,6 +195,7 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:retention": {},
     "api:model-chat-completions": PRJ,
     "api:model-budget": PRJ,
+    "api:model-usage": PRJ,
     "api:credential-list": {},
     "api:credential-detail": {"id": lambda w: credentials_objects(w)[0].public_id},
     "api:credential-rotate": {"id": lambda w: credentials_objects(w)[0].public_id},

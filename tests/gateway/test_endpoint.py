@@ -348,3 +348,20 @@ def test_a_whole_answer_is_settled_when_the_server_closes_the_response(gateway_w
     usage.refresh_from_db()
     assert (usage.state, usage.charged_tokens) == (UsageState.SETTLED, 12)
     assert (day_window(world).used, day_window(world).reserved) == (12, 0)
+
+
+def test_the_usage_api_lists_the_projects_calls_without_content(gateway_world, upstream):
+    world = gateway_world
+    post(world, {"model": "openai/gpt-4o-mini", "messages": HELLO, "max_tokens": 50})
+    post(world, {"model": "openai/gpt-4o", "messages": HELLO})  # denied: no record
+    post(world, {"model": "anthropic/claude-3-5-haiku-latest", "messages": HELLO})
+    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/model/usage"
+    listed = world.member.client().get(url)
+    assert listed.status_code == 200
+    results = listed.json()["results"]
+    assert [r["model"] for r in results] == [
+        "anthropic/claude-3-5-haiku-latest",
+        "openai/gpt-4o-mini",
+    ]
+    assert results[1]["usage"]["charged"] == 12 and results[1]["state"] == "settled"
+    assert "launch team" not in listed.content.decode()
