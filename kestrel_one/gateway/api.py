@@ -25,6 +25,7 @@ from kestrel_one.adapters.registry import InvalidOperationArguments, validate_op
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.errors import exception_handler
 from kestrel_one.api.pagination import PublicIdCursorPagination
+from kestrel_one.audit.services import audit_refusal_record
 from kestrel_one.common.errors import KestrelError, PermissionDenied, ValidationFailed
 from kestrel_one.gateway.calls import Caller, model_call, model_call_stream
 from kestrel_one.gateway.models import ModelBudget, ModelUsage
@@ -36,7 +37,7 @@ from kestrel_one.gateway.providers import (
     split_model_name,
 )
 from kestrel_one.gateway.selectors import budget_view
-from kestrel_one.gateway.services import budget_set
+from kestrel_one.gateway.services import BudgetExceeded, budget_set
 from kestrel_one.governance.selectors import effective_policy
 from policies import DENY, NEEDS_APPROVAL, Mode, Request, decide
 
@@ -237,6 +238,20 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
         principal = self.principal
         model_judge(project=self.project, principal=principal, request=model_request)
         caller = Caller(actor=principal, user=principal.user, token=principal.token)
+        try:
+            return self._call(model_request, caller, include_usage)
+        except BudgetExceeded as refused:
+            # A 403 is audited by the API's error handler; a budget's refusal (429) here.
+            audit_refusal_record(
+                organization=self.organization,
+                actor=principal,
+                action="model.invoke",
+                target=self.project,
+                data={"code": refused.code, "model": model_request.policy_name, **refused.details},
+            )
+            raise
+
+    def _call(self, model_request: ModelRequest, caller: Caller, include_usage: bool):
         if model_request.stream:
             stream = model_call_stream(
                 project=self.project,

@@ -170,6 +170,8 @@ def test_a_call_over_budget_is_refused_before_the_provider_is_called(gateway_wor
     assert error["details"]["period"] == "day"
     assert upstream.requests(host="openai") == []
     assert not ModelUsage.objects.filter(project=world.project).exists()
+    refusal = AuditRecord.objects.get(organization=world.org, action="model.invoke")
+    assert refusal.outcome == "refused" and refusal.data["period"] == "day"
 
 
 def test_a_model_the_policy_does_not_name_is_denied(gateway_world, upstream):
