@@ -18,6 +18,8 @@ import json
 from typing import Any
 
 from django.http import HttpResponse, StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, renderers, serializers
 from rest_framework.response import Response
 
@@ -229,6 +231,12 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
     def get_exception_handler(self):
         return openai_exception_handler
 
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT},
+        description="OpenAI's chat-completions request and answer (docs/gateway.md); "
+        '``"stream": true`` answers text/event-stream.',
+    )
     def create(self, request, *args, **kwargs):
         from django.conf import settings
 
@@ -312,10 +320,13 @@ class BudgetViewSet(mixins.RetrieveModelMixin, ProjectScopedViewSet):
 
     scope_map = {"GET": "projects:read", "PUT": "projects:manage"}
     queryset = ModelBudget.objects.none()
+    serializer_class = BudgetSerializer
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request, *args, **kwargs):
         return Response(budget_view(self.project))
 
+    @extend_schema(request=BudgetSerializer, responses={200: OpenApiTypes.OBJECT})
     def update(self, request, *args, **kwargs):
         serializer = BudgetSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

@@ -93,6 +93,13 @@ NOT_SECRET_FIELDS = {
     "credentials.Connection.key_id": "which key-encryption key wraps it (a hash: names the key)",
     "webhooks.WebhookEndpoint.secret_rotated_at": "a time",
     "webhooks.WebhookEndpoint.previous_secret_expires_at": "a time",
+    "gateway.ModelBudget.tokens_per_day": "a count of model tokens",
+    "gateway.ModelBudget.tokens_per_month": "a count of model tokens",
+    "gateway.ModelUsage.reserved_tokens": "a count of model tokens",
+    "gateway.ModelUsage.input_tokens": "a count of model tokens",
+    "gateway.ModelUsage.output_tokens": "a count of model tokens",
+    "gateway.ModelUsage.charged_tokens": "a count of model tokens",
+    "gateway.ModelUsage.credential": "the public id of the credential record used (crd_...)",
 }
 SECRET_NAME = re.compile(r"secret|token|key|hash|passw|seal|cipher|credential|private", re.I)
 
