@@ -27,6 +27,7 @@ from kestrel_one.adapters.registry import InvalidOperationArguments, validate_op
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.errors import exception_handler
 from kestrel_one.api.pagination import PublicIdCursorPagination
+from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.audit.services import audit_refusal_record
 from kestrel_one.common.errors import KestrelError, PermissionDenied, ValidationFailed
 from kestrel_one.gateway.calls import Caller, model_call, model_call_stream
@@ -310,7 +311,7 @@ class SettledOnClose(HttpResponse):
             super().close()
 
 
-class BudgetSerializer(serializers.Serializer):
+class BudgetSerializer(StrictSerializer):
     tokens_per_day = serializers.IntegerField(min_value=0, allow_null=True, required=True)
     tokens_per_month = serializers.IntegerField(min_value=0, allow_null=True, required=True)
 
