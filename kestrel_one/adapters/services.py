@@ -31,7 +31,12 @@ from kestrel_one.adapters.registry import Adapter, Effect, Operation, get_operat
 from kestrel_one.common.redaction import MASK, bounded, redact_result
 from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action, ActionState
-from kestrel_one.execution.services import control_call_claim, control_call_finish
+from kestrel_one.execution.services import (
+    action_digest,
+    action_scope,
+    control_call_claim,
+    control_call_finish,
+)
 from runners.contract.canonical import digest
 
 logger = logging.getLogger(__name__)
@@ -64,6 +69,10 @@ def adapter_invoke_run(*, action_id: str) -> str:
             return "not-queued"
         redelivered = True
     args = action_arguments(action)
+    if not _digest_intact(action, args):
+        # The arguments are not the ones decided and approved (the digest binds them): the
+        # call is refused, nothing is sent.
+        return _finish(action, None, "failed", None, _error("arguments_changed"), {})
     adapter, operation = get_operation(args["adapter"], args["operation"])
     key = args.get("idempotency_key")
     invocation = None
@@ -254,7 +263,20 @@ def _invocation_release(invocation) -> None:
         ).delete()
 
 
+def _digest_intact(action, args) -> bool:
+    args_digest = digest(args)
+    recomputed = action_digest(
+        scope=action_scope(action),
+        tool=action.tool,
+        args_digest=args_digest,
+        policy_version=action.policy_version,
+    )
+    return args_digest == action.args_digest and recomputed == action.action_digest
+
+
 _ERRORS = {
+    "arguments_changed": "This call's arguments are not the ones that were decided and "
+    "approved (the action digest binds them), so nothing was sent; request it again.",
     "outcome_unknown": "The worker making this call stopped after it may have sent the "
     "request, so whether the effect happened is unknown; check the provider, and use a new "
     "idempotency key to make it again.",
