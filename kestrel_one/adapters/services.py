@@ -121,7 +121,8 @@ def _invoke(action, args, adapter: Adapter, operation: Operation, invocation) ->
             evidence,
         )
     secret_forms = _secret_forms(released.secret, adapter)
-    evidence["credential"] = {"record": released.record, "fingerprint": released.fingerprint}
+    # Not under a "credential" key: redaction masks any value under such a name.
+    evidence["released"] = {"record": released.record, "fingerprint": released.fingerprint}
     headers = dict(prepared.headers)
     headers[adapter.presentation.header] = adapter.presentation.header_value(released.secret)
     if operation.idempotency_header and invocation is not None:

@@ -118,7 +118,8 @@ def test_a_read_reaches_its_one_resource_with_the_credential_for_that_invocation
     assert receipt.evidence["response_bytes"] > 0
     assert len(receipt.evidence["response_sha256"]) == 64
     assert len(receipt.evidence["request_sha256"]) == 64
-    assert receipt.evidence["credential"]["record"] == github.credential.public_id
+    assert receipt.evidence["released"]["record"] == github.credential.public_id
+    assert receipt.evidence["released"]["fingerprint"] == github.credential.fingerprint
     assert receipt.args_digest == action.args_digest
     # The receipt over the API, and everything recorded, hold no form of the secret.
     shown = github["member"].client().get(f"{actions_url(github)}/{action.public_id}/receipt")
