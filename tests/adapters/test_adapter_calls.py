@@ -294,7 +294,11 @@ def test_an_upstream_error_that_echoes_the_credential_is_recorded_without_it(
     assert action.error["code"] == "upstream_error"
     assert action.error["status"] == 400
     assert len(upstream.requests(host="openai")) == 1
-    shown = adapters["member"].client().get(f"{actions_url(adapters, project, thread)}/{action.public_id}")
+    shown = (
+        adapters["member"]
+        .client()
+        .get(f"{actions_url(adapters, project, thread)}/{action.public_id}")
+    )
     assert_secret_free(shown.content, secret)
     assert_secret_free(recorded_text(adapters), secret)
     assert_secret_free(adapter_worker.read_text(), secret)
