@@ -15,8 +15,8 @@ from django.db import connection
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.governance.services import policy_publish_environment
-from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.local.workers import adapters_worker_argv
+from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.services import thread_create
 from runners.contract.names import ADAPTERS_QUEUE
 from tests.support import stop

@@ -18,6 +18,8 @@ from kestrel_one.execution.models import Action
 from kestrel_one.execution.services import calls_sweep, control_call_claim
 from tests.adapters.conftest import actions_url, invoke
 
+# Transactional: dispatch happens after commit, as it does in production.
+pytestmark = [pytest.mark.django_db(transaction=True)]
 SYSTEM = system_principal("tests")
 ISSUES = {"owner": "acme", "repo": "rockets"}
 COMMENT = {"owner": "acme", "repo": "rockets", "issue_number": 7, "body": "Launched."}
