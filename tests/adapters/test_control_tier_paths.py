@@ -134,7 +134,12 @@ def test_an_external_call_whose_worker_died_mid_request_is_never_sent_again(
     }
     answer = invoke(adapters["member"].client(), adapters, args)
     action_id = answer.json()["id"]
-    adapters["owner"].client().post(f"{actions_url(adapters)}/{action_id}/approve", {})
+    approved = (
+        adapters["owner"]
+        .client()
+        .post(f"{actions_url(adapters)}/{action_id}/approve", {}, format="json")
+    )
+    assert approved.status_code == 200, approved.content
     # A first delivery took the call and its key, then its worker died.
     action = control_call_claim(action_id=action_id, tool="adapter.invoke")
     AdapterInvocation.objects.create(
@@ -154,7 +159,12 @@ def test_an_external_call_whose_worker_died_mid_request_is_never_sent_again(
     assert upstream.requests() == []
     # And a retry with the same key gets that answer, not a request.
     retry = invoke(adapters["member"].client(), adapters, args)
-    adapters["owner"].client().post(f"{actions_url(adapters)}/{retry.json()['id']}/approve", {})
+    approved = (
+        adapters["owner"]
+        .client()
+        .post(f"{actions_url(adapters)}/{retry.json()['id']}/approve", {}, format="json")
+    )
+    assert approved.status_code == 200, approved.content
     adapter_invoke_run(action_id=retry.json()["id"])
     retried = Action.objects.get(public_id=retry.json()["id"])
     assert retried.state == "failed" and retried.error["code"] == "outcome_unknown"
