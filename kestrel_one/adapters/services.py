@@ -68,6 +68,20 @@ def adapter_invoke_run(*, action_id: str) -> str:
         if action is None:
             return "not-queued"
         redelivered = True
+    held: list[AdapterInvocation] = []
+    try:
+        return _run(action, redelivered, held)
+    except Exception:
+        # A fault of ours (never an upstream answer: those are recorded). Logged without any
+        # argument or header; the call ends failed, and a key it held answers every later
+        # call with this error: the request may have been sent, so it is never sent again.
+        logger.exception("adapter call %s failed in the control tier", action.public_id)
+        return _finish(
+            action, held[0] if held else None, "failed", None, _error("adapter_error"), {}
+        )
+
+
+def _run(action, redelivered: bool, held: list) -> str:
     args = action_arguments(action)
     if not _digest_intact(action, args):
         # The arguments are not the ones decided and approved (the digest binds them): the
@@ -80,6 +94,7 @@ def adapter_invoke_run(*, action_id: str) -> str:
         invocation, replay = _invocation_take(action, args, operation, redelivered=redelivered)
         if replay is not None:
             return replay
+        held.append(invocation)
     elif redelivered and operation.effect == Effect.EXTERNAL:  # unreachable: checks want a key
         return _finish(action, None, "failed", None, _error("outcome_unknown"), {})
     return _invoke(action, args, adapter, operation, invocation)
@@ -276,6 +291,9 @@ def _digest_intact(action, args) -> bool:
 
 
 _ERRORS = {
+    "adapter_error": "The adapter call failed inside the control tier; whether it reached "
+    "the provider is unknown. Check the provider, and use a new idempotency key to make it "
+    "again.",
     "arguments_changed": "This call's arguments are not the ones that were decided and "
     "approved (the action digest binds them), so nothing was sent; request it again.",
     "outcome_unknown": "The worker making this call stopped after it may have sent the "

@@ -178,3 +178,39 @@ def test_a_running_call_past_its_deadline_is_lost(adapters, credential, sent):
     assert calls_sweep()["runner_lost"] == 1
     action.refresh_from_db()
     assert action.state == "failed" and action.error["code"] == "runner_lost"
+
+
+@pytest.mark.spec("CRED-5", "CRED-6")
+def test_a_fault_in_the_control_tier_ends_the_call_and_its_key_is_never_resent(
+    adapters, credential, sent, upstream, monkeypatch
+):
+    args = {
+        "adapter": "github",
+        "operation": "issue_comment.create",
+        "args": COMMENT,
+        "credential": credential.public_id,
+        "idempotency_key": "k-fault",
+    }
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug after the key was taken")
+
+    monkeypatch.setattr("kestrel_one.adapters.services.prepare_request", broken)
+    ids = []
+    for _ in range(2):
+        answer = invoke(adapters["member"].client(), adapters, args)
+        approved = (
+            adapters["owner"]
+            .client()
+            .post(f"{actions_url(adapters)}/{answer.json()['id']}/approve", {}, format="json")
+        )
+        assert approved.status_code == 200, approved.content
+        adapter_invoke_run(action_id=answer.json()["id"])
+        ids.append(answer.json()["id"])
+        monkeypatch.undo()  # the second call finds the key answered, and is not sent
+        monkeypatch.setattr("kestrel_one.celery.app.send_task", lambda *a, **k: None)
+    first, second = (Action.objects.get(public_id=i) for i in ids)
+    assert first.state == second.state == "failed"
+    assert first.error["code"] == second.error["code"] == "adapter_error"
+    assert "bug" not in str(first.error)
+    assert upstream.requests() == []
