@@ -31,10 +31,10 @@ class AdapterInvocation(models.Model):
         "execution.Action", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
-    # The first answer, as recorded on that action (secret-free, bounded).
+    # How the first call ended, and its evidence (hashes and sizes). The answer itself is
+    # the first action's result and error, read from it on a replay: so the organization's
+    # retention, which trims actions, trims it too (the key then keeps only hashes).
     outcome = models.CharField(max_length=16, blank=True)
-    result = models.JSONField(null=True, blank=True)
-    error = models.JSONField(null=True, blank=True)
     evidence = models.JSONField(default=dict)
     # A pending key whose worker has not answered by then has an unknown outcome.
     lease_until = models.DateTimeField()

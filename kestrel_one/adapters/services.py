@@ -190,14 +190,11 @@ def _finish(action, invocation, outcome, result, error, evidence) -> str:
             action=action, outcome=outcome, result=result, error=error, evidence=evidence
         )
         if invocation is not None:
-            recorded = Action.objects.values("result", "error").get(pk=action.pk)
             AdapterInvocation.objects.filter(
                 pk=invocation.pk, state=AdapterInvocation.State.PENDING
             ).update(
                 state=AdapterInvocation.State.ANSWERED,
                 outcome=outcome,
-                result=recorded["result"],
-                error=recorded["error"],
                 evidence=evidence,
                 answered_at=timezone.now(),
             )
@@ -261,15 +258,20 @@ def _invocation_take(action, args, operation: Operation, *, redelivered: bool):
 
 def _replay(action, invocation: AdapterInvocation) -> str:
     """End ``action`` with the key's first answer: no request is made."""
+    first = Action.objects.filter(pk=invocation.action_id).values("public_id", "result", "error")
+    answer = first.first()
     evidence = {
         **(invocation.evidence or {}),
         "upstream_requests": 0,
-        "replayed_from": invocation.action.public_id if invocation.action else None,
+        "replayed_from": answer["public_id"] if answer else None,
     }
-    result = invocation.result
+    if answer is None:
+        # Retention removed the first call's record: its outcome and hashes remain.
+        return _finish(action, None, "failed", None, _error("idempotency_answer_gone"), evidence)
+    result = answer["result"]
     if isinstance(result, dict):
         result = {**result, "replayed": True}
-    return _finish(action, None, invocation.outcome or "failed", result, invocation.error, evidence)
+    return _finish(action, None, invocation.outcome or "failed", result, answer["error"], evidence)
 
 
 def _invocation_release(invocation) -> None:
@@ -291,6 +293,8 @@ def _digest_intact(action, args) -> bool:
 
 
 _ERRORS = {
+    "idempotency_answer_gone": "This idempotency key was already used, and its first call's "
+    "record is past the organization's retention; nothing was sent. Use a new key.",
     "adapter_error": "The adapter call failed inside the control tier; whether it reached "
     "the provider is unknown. Check the provider, and use a new idempotency key to make it "
     "again.",

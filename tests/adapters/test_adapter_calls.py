@@ -82,7 +82,7 @@ def recorded_text(world) -> str:
         list(Receipt.objects.values("args", "result", "error", "evidence")),
         list(ThreadEvent.objects.values("data")),
         list(AuditRecord.objects.values()),
-        list(AdapterInvocation.objects.values("result", "error", "evidence")),
+        list(AdapterInvocation.objects.values("evidence")),
     ]
     return json.dumps(rows, default=str)
 
