@@ -139,6 +139,10 @@ def test_an_external_call_waits_for_a_person_and_then_comments_once(
     action_id = answer.json()["id"]
     # The policy says "approval": "never"; an external operation waits anyway.
     assert answer.json()["state"] == "awaiting_approval"
+    # The approver sees exactly what will be sent, and with which credential (its id).
+    shown = github["owner"].client().get(f"{actions_url(github)}/{action_id}").json()
+    assert shown["args"]["credential"] == github.credential.public_id
+    assert shown["args"]["args"] == COMMENT
     assert upstream.requests(host="github") == []
     # The requester's own token cannot approve it.
     assert approve(github, action_id, "member").status_code == 403
