@@ -28,6 +28,7 @@ from django.utils import timezone
 from kestrel_one.adapters.checks import credential_reference, invocation_digest
 from kestrel_one.adapters.models import AdapterInvocation
 from kestrel_one.adapters.registry import Adapter, Effect, Operation, get_operation, prepare_request
+from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
 from kestrel_one.common.redaction import MASK, bounded, redact_result
 from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action, ActionState
@@ -101,9 +102,6 @@ def _run(action, redelivered: bool, held: list) -> str:
 
 
 def _invoke(action, args, adapter: Adapter, operation: Operation, invocation) -> str:
-    # The egress client and the credential release; imported where used (kestrel_one.common
-    # and the credentials app load after this app's module in some entry points).
-    from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
     from kestrel_one.credentials.release import CredentialRefused, secret_release
 
     prepared = prepare_request(adapter.name, operation.name, args["args"])
