@@ -132,7 +132,7 @@ def test_a_read_reaches_its_one_resource_with_the_credential_for_that_invocation
 
 @pytest.mark.spec("CRED-5")
 def test_an_external_call_waits_for_a_person_and_then_comments_once(
-    github, upstream, adapter_worker
+    github, upstream, adapter_worker, client
 ):
     answer = invoke(github["member"].client(), github, comment_args(github, "launch-7"))
     assert answer.status_code == 201, answer.content
@@ -154,6 +154,13 @@ def test_an_external_call_waits_for_a_person_and_then_comments_once(
     posted = upstream.requests(host="github", method="POST")
     assert len(posted) == 1
     assert posted[0]["path"] == "/repos/acme/rockets/issues/7/comments"
+    # The console's action page shows the control-tier receipt, and no secret.
+    client.force_login(github["owner"].user)
+    page = client.get(f"/console/acme/actions/{action_id}")
+    assert page.status_code == 200
+    assert "in the control tier" in page.content.decode()
+    assert "upstream answered HTTP 201" in page.content.decode()
+    assert_secret_free(page.content, github.github_secret)
 
 
 @pytest.mark.spec("CRED-5")
