@@ -101,7 +101,7 @@ def adapter_call_request(canonical: dict[str, Any], request: Request) -> Request
 
 
 def adapter_call_admit(*, organization, user, token, canonical: dict[str, Any]) -> dict:
-    # Imported here: the credentials app holds models, this module is loaded by app ready.
+    # Imported here: this module is loaded while the app registry is being populated.
     from kestrel_one.adapters.models import AdapterInvocation
     from kestrel_one.credentials.release import (
         CredentialRefused,

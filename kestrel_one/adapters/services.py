@@ -30,6 +30,7 @@ from kestrel_one.adapters.models import AdapterInvocation
 from kestrel_one.adapters.registry import Adapter, Effect, Operation, get_operation, prepare_request
 from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
 from kestrel_one.common.redaction import MASK, bounded, redact_result
+from kestrel_one.credentials.release import CredentialRefused, secret_release
 from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.execution.services import (
@@ -102,8 +103,6 @@ def _run(action, redelivered: bool, held: list) -> str:
 
 
 def _invoke(action, args, adapter: Adapter, operation: Operation, invocation) -> str:
-    from kestrel_one.credentials.release import CredentialRefused, secret_release
-
     prepared = prepare_request(adapter.name, operation.name, args["args"])
     evidence: dict[str, Any] = {
         "adapter": adapter.name,

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('execution', '0009_receipt_evidence'),
+        ('execution', '0010_receipt_evidence'),
         ('tenancy', '0004_membership_auditor_role'),
     ]
 

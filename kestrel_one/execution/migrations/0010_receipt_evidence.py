@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('execution', '0008_action_org_state_newest_index'),
+        ('execution', '0009_action_awaiting_newest_index'),
     ]
 
     operations = [
