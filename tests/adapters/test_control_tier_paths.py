@@ -4,6 +4,7 @@ and a call whose worker died after it may have sent is never sent again (CRED-5,
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -214,3 +215,45 @@ def test_a_fault_in_the_control_tier_ends_the_call_and_its_key_is_never_resent(
     assert first.error["code"] == second.error["code"] == "adapter_error"
     assert "bug" not in str(first.error)
     assert upstream.requests() == []
+
+
+@pytest.mark.spec("CRED-5", "CRED-2")
+def test_the_providers_own_idempotency_header_carries_a_stable_key_and_the_credential_once(
+    adapters, credential, sent, upstream, monkeypatch
+):
+    """Where a provider has its own idempotency header, the call sends one derived from the
+    key (stable, naming nothing of ours); the credential goes in the presentation header
+    only, exactly as the adapter presents it."""
+    import dataclasses
+
+    from kestrel_one.adapters import registry
+
+    adapter, operation = registry.get_operation("github", "issue_comment.create")
+    with_header = dataclasses.replace(operation, idempotency_header="Idempotency-Key")
+    monkeypatch.setattr(
+        "kestrel_one.adapters.services.get_operation", lambda a, o: (adapter, with_header)
+    )
+    args = {
+        "adapter": "github",
+        "operation": "issue_comment.create",
+        "args": COMMENT,
+        "credential": credential.public_id,
+        "idempotency_key": "release-42",
+    }
+    answer = invoke(adapters["member"].client(), adapters, args)
+    approved = (
+        adapters["owner"]
+        .client()
+        .post(f"{actions_url(adapters)}/{answer.json()['id']}/approve", {}, format="json")
+    )
+    assert approved.status_code == 200, approved.content
+    adapter_invoke_run(action_id=answer.json()["id"])
+    assert Action.objects.get(public_id=answer.json()["id"]).state == "succeeded"
+    (request,) = upstream.requests(host="github")
+    headers = request["headers"]
+    assert len(headers["idempotency-key"]) == 64 and "release-42" not in headers["idempotency-key"]
+    assert headers["authorization"] == f"Bearer {upstream.secret('github')}"
+    assert upstream.secret("github") not in json.dumps(
+        {name: value for name, value in headers.items() if name != "authorization"}
+    )
+    assert upstream.secret("github") not in request.get("body", "")
