@@ -874,9 +874,23 @@ CONTROL_TIER_RUNNER = "control-tier"
 def control_call_claim(*, action_id: str, tool: str) -> Action | None:
     """Take a queued control-tier call for the worker that received it: queued -> running,
     once (a conditional update), with its "started" event. None when it is not queued (ended
-    meanwhile: expired, cancelled, redecided; or already taken by an earlier delivery)."""
+    meanwhile: expired, cancelled, redecided; or already taken by an earlier delivery).
+
+    Decided again first, under the policy locks, as a runner command is when it is signed
+    (``action_dispatch``): nothing signed carries the version here, so the version current
+    when the call starts is the one it runs under, and a narrowing published since denies it
+    (or sends it back to a person) before anything is released or sent.
+    """
     now = timezone.now()
     with transaction.atomic():
+        project_id = (
+            Action.objects.filter(public_id=action_id, tool=tool)
+            .values_list("project_id", flat=True)
+            .first()
+        )
+        if project_id is None:
+            return None
+        policy_versions_lock(Project.objects.get(pk=project_id))
         action = (
             Action.objects.select_for_update(of=("self",))
             .select_related("organization", "environment", "project", "thread")
@@ -885,6 +899,11 @@ def control_call_claim(*, action_id: str, tool: str) -> Action | None:
         )
         if action is None:
             return None
+        decision = action_redecision(action)
+        if decision is not None:
+            action_redecide(action, decision)
+            if action.state != ActionState.QUEUED:
+                return None
         action.state = ActionState.RUNNING
         action.started_at = now
         action.deadline_at = _running_deadline(action, now)

@@ -257,3 +257,22 @@ def test_the_providers_own_idempotency_header_carries_a_stable_key_and_the_crede
         {name: value for name, value in headers.items() if name != "authorization"}
     )
     assert upstream.secret("github") not in request.get("body", "")
+
+
+@pytest.mark.spec("POL-3", "CRED-5")
+def test_a_narrowing_published_after_dispatch_denies_the_call_before_it_runs(
+    adapters, credential, sent, upstream
+):
+    from kestrel_one.governance.services import policy_publish_environment
+
+    answer = invoke(adapters["member"].client(), adapters, read_args(credential))
+    assert answer.json()["state"] == "queued" and sent
+    narrower = {"capabilities": {"fs.read": {"paths": ["**"]}}}
+    policy_publish_environment(
+        actor=SYSTEM, environment=adapters.adapter_project.environment, document=narrower
+    )
+    assert adapter_invoke_run(action_id=answer.json()["id"]) == "not-queued"
+    action = Action.objects.get(public_id=answer.json()["id"])
+    assert action.state == "denied"
+    assert action.error["code"] == "policy_denies"
+    assert upstream.requests() == []
