@@ -276,3 +276,29 @@ def test_a_narrowing_published_after_dispatch_denies_the_call_before_it_runs(
     assert action.state == "denied"
     assert action.error["code"] == "policy_denies"
     assert upstream.requests() == []
+
+
+@pytest.mark.spec("CRED-5", "AUD-3")
+def test_a_call_naming_no_credential_records_the_default_so_the_digest_binds_it(
+    adapters, credential, sent, upstream
+):
+    bare = {"adapter": "github", "operation": "issues.list", "args": ISSUES}
+    answer = invoke(adapters["member"].client(), adapters, bare)
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["args"]["credential"] == credential.public_id
+    action = Action.objects.get(public_id=answer.json()["id"])
+    from runners.contract.canonical import digest
+
+    assert action.args_digest == digest({**bare, "credential": credential.public_id})
+    # A second org credential for the adapter: no default any more, the call must name one.
+    credential_create(
+        actor=SYSTEM,
+        organization=adapters.org,
+        name="other",
+        adapter="github",
+        secret=upstream.secret("github"),
+    )
+    again = invoke(adapters["member"].client(), adapters, bare)
+    assert again.status_code == 400, again.content
+    assert again.json()["error"]["code"] == "credential_ambiguous"
+    assert "args.credential" in again.json()["error"]["details"]
