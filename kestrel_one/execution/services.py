@@ -796,6 +796,15 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
 COMMAND_EXPIRED = ("command_expired", "No runner took the command before it expired.")
 RUNNER_LOST = ("runner_lost", "The runner stopped reporting before the call finished.")
 APPROVAL_EXPIRED = ("approval_expired", "Nobody decided before the approval window closed.")
+# The same endings said of a control-tier call, which no runner takes.
+CONTROL_TIER_MESSAGES = {
+    COMMAND_EXPIRED[0]: "No control-tier worker (queue adapters) took the call before it expired.",
+    RUNNER_LOST[0]: "The control-tier worker stopped reporting before the call finished.",
+}
+
+
+def _control_tier(action: Action) -> bool:
+    return get_tool(action.tool).tier == Tier.CONTROL
 
 
 def calls_sweep(*, now=None) -> dict:
@@ -829,7 +838,8 @@ def calls_sweep(*, now=None) -> dict:
     for counter, condition, from_state, to_state, (code, message) in endings:
         overdue = Action.objects.filter(condition, state=from_state)
         for action in overdue.select_related("thread", "organization"):
-            if end_action(action, from_state, to_state, code, message):
+            said = CONTROL_TIER_MESSAGES.get(code, message) if _control_tier(action) else message
+            if end_action(action, from_state, to_state, code, said):
                 ended[counter] += 1
     ended["idempotency_keys_deleted"], _ = IdempotencyKey.objects.filter(
         created_at__lt=now - timedelta(seconds=settings.KESTREL_IDEMPOTENCY_TTL_SECONDS)

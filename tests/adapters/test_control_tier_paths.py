@@ -119,6 +119,8 @@ def test_an_expired_call_is_never_run_late(adapters, credential, sent, upstream)
     assert adapter_invoke_run(action_id=action.public_id) == "not-queued"
     action.refresh_from_db()
     assert action.state == "expired"
+    assert action.error["code"] == "command_expired"
+    assert "control-tier worker" in action.error["message"]
     assert upstream.requests() == []
 
 
