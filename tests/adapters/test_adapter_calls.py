@@ -324,7 +324,7 @@ def test_an_upstream_error_that_echoes_the_credential_is_recorded_without_it(
 
 @pytest.mark.spec("TEN-5", "CRED-4")
 def test_another_persons_connection_or_an_unknown_credential_is_refused_at_request(
-    adapters, upstream
+    adapters, upstream, adapter_worker
 ):
     mine = connection_create(
         actor=person(adapters["admin"]),
@@ -350,9 +350,12 @@ def test_another_persons_connection_or_an_unknown_credential_is_refused_at_reque
     assert missing.json()["error"]["message"] == refused.json()["error"]["message"].replace(
         mine.public_id, missing_id
     )
-    # Its owner may use it.
+    # Its owner may use it, all the way to the upstream.
     own = invoke(adapters["admin"].client(), adapters, args)
     assert own.status_code == 201, own.content
+    used = finished(adapters, own.json()["id"], adapter_worker)
+    assert used.state == "succeeded", used.error
+    assert len(upstream.requests(host="github")) == 1
     # No credential named and none in the organization: refused, naming the field.
     bare = {"adapter": "github", "operation": "issues.list", "args": ISSUES}
     answer = invoke(adapters["member"].client(), adapters, bare)
