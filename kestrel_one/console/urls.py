@@ -4,6 +4,7 @@ its module; this file only puts them together."""
 from django.urls import path
 
 from kestrel_one.console import (
+    adapters,
     administration,
     approvals,
     credentials,
@@ -22,4 +23,5 @@ urlpatterns = [
     *administration.urlpatterns,
     *gateway.urlpatterns,
     *credentials.urlpatterns,
+    *adapters.urlpatterns,
 ]
