@@ -67,4 +67,56 @@ ADAPTER_INVOKE = ToolSpec(
     tier=Tier.CONTROL,
 )
 
-TOOLS = (ADAPTER_INVOKE,)
+# model.invoke: one chat call of a model through the model gateway (docs/gateway.md). The
+# provider's operation checks the rest (Anthropic's temperature range, say) in the control
+# plane, which alone knows the adapter registry.
+MODEL_INVOKE_SCHEMA = object_schema(
+    {
+        "provider": {"type": "string", "enum": ["openai", "anthropic"]},
+        "model": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 1000,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "role": {
+                        "type": "string",
+                        "enum": ["system", "developer", "user", "assistant"],
+                    },
+                    "content": {"type": "string", "maxLength": 1_000_000},
+                },
+                "required": ["role", "content"],
+            },
+        },
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "credential": {"type": "string", "pattern": f"^crd_{_ULID}$"},
+    },
+    ["provider", "model", "messages"],
+)
+
+
+def model_request(args: Any) -> Request:
+    # The policy names models as provider/model (docs/gateway.md).
+    return Request(capability="model.invoke", model=f"{args['provider']}/{args['model']}")
+
+
+MODEL_INVOKE = ToolSpec(
+    name="model.invoke",
+    capability="model.invoke",
+    summary=(
+        "Call a model (provider openai or anthropic) with the organization's provider "
+        "credential, within the project's token budget; the control tier holds the key."
+    ),
+    input_schema=MODEL_INVOKE_SCHEMA,
+    # Each call spends budget; never retried blindly.
+    idempotent=False,
+    build_request=model_request,
+    implementation=refuse_on_runner,
+    tier=Tier.CONTROL,
+)
+
+TOOLS = (ADAPTER_INVOKE, MODEL_INVOKE)
