@@ -99,6 +99,11 @@ MODEL_INVOKE_SCHEMA = object_schema(
 )
 
 
+def refuse_model_call_on_runner(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    # Each tool has an implementation of its own (the registry's rule); both refuse.
+    raise ControlTierTool("model.invoke runs in the control tier, never on a runner")
+
+
 def model_request(args: Any) -> Request:
     # The policy names models as provider/model (docs/gateway.md).
     return Request(capability="model.invoke", model=f"{args['provider']}/{args['model']}")
@@ -115,7 +120,7 @@ MODEL_INVOKE = ToolSpec(
     # Each call spends budget; never retried blindly.
     idempotent=False,
     build_request=model_request,
-    implementation=refuse_on_runner,
+    implementation=refuse_model_call_on_runner,
     tier=Tier.CONTROL,
 )
 

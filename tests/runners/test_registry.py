@@ -27,6 +27,7 @@ def test_registry_holds_exactly_the_first_tool_set():
         "workspace.checkpoint",
         "workspace.restore",
         "adapter.invoke",
+        "model.invoke",
     }
 
 
