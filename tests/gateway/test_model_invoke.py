@@ -42,6 +42,7 @@ def thread_of(world):
     )
 
 
+@pytest.mark.spec("CRED-1", "CRED-2")
 def test_a_model_call_runs_in_the_control_tier_and_keeps_its_content_in_the_thread(
     gateway_world, upstream
 ):
