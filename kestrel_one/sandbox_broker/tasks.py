@@ -1,0 +1,72 @@
+"""The control plane's task for a brokered adapter request (thin: one service each)."""
+
+from __future__ import annotations
+
+import structlog
+from django.db import OperationalError
+
+from kestrel_one.celery import app
+from kestrel_one.sandbox_broker.answers import answer_push
+from kestrel_one.sandbox_broker.services import (
+    BrokeredRequestRefused,
+    ParentNotRunningYet,
+    brokered_request_accept,
+    brokered_request_verify,
+)
+from runners.contract.names import ADAPTER_REQUEST_TASK
+
+logger = structlog.get_logger(__name__)
+
+# The call's "started" report goes out just before its first request, on the same queue;
+# with several control workers it may be recorded a moment after the request is taken.
+NOT_RUNNING_RETRIES = 20
+NOT_RUNNING_RETRY_SECONDS = 0.25
+
+
+@app.task(
+    bind=True,
+    name=ADAPTER_REQUEST_TASK,
+    acks_late=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=NOT_RUNNING_RETRIES,
+    time_limit=60,
+)
+def adapter_request(self, token: str) -> None:
+    """A workload's signed adapter request from a runner's broker (runners.adapter_broker):
+    verified, then its child action requested; a refusal is answered when it can be."""
+    try:
+        runner, request = brokered_request_verify(token)
+    except BrokeredRequestRefused as refused:
+        logger.warning(
+            "brokered adapter request refused", code=refused.code, reason=refused.message
+        )
+        return
+    try:
+        brokered = brokered_request_accept(runner=runner, request=request)
+    except ParentNotRunningYet:
+        raise self.retry(countdown=NOT_RUNNING_RETRY_SECONDS) from None
+    except BrokeredRequestRefused as refused:
+        logger.warning(
+            "brokered adapter request refused",
+            code=refused.code,
+            reason=refused.message,
+            runner=runner.public_id,
+            call=request.call_id,
+        )
+        if refused.answer:
+            answer_push(
+                pool=runner.pool,
+                request_id=request.request_id,
+                call_id=request.call_id,
+                action=None,
+                outcome="refused",
+                result=None,
+                error={"code": refused.code, "message": refused.message[:1000]},
+            )
+        return
+    logger.info(
+        "brokered adapter request accepted",
+        request=brokered.request_id,
+        child=brokered.child.public_id if brokered.child else None,
+    )
