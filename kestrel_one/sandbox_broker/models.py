@@ -37,6 +37,8 @@ class BrokeredRequest(models.Model):
     # Set once, when the answer was pushed; with ``outcome`` as answered.
     answered_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=16, blank=True, default="")
+    # Why no child was requested ({"code", "message"}, as the API would have answered).
+    error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -16,6 +16,7 @@ import logging
 from datetime import UTC, datetime
 
 from django.db import transaction
+from django.utils import timezone
 
 from kestrel_one.accounts.backends import local_owner
 from kestrel_one.accounts.models import ApiToken
@@ -81,11 +82,12 @@ def brokered_request_verify(token: str) -> tuple[Runner, AdapterRequest]:
 def brokered_request_accept(*, runner: Runner, request: AdapterRequest) -> BrokeredRequest:
     """Record the request and request its child action, or refuse it.
 
-    Refused (``BrokeredRequestRefused``, answered): the call is not running on this runner
-    under this command, the request id was used already, the call's requester can no longer
-    act, or the child could not even be requested (an unknown adapter, bad arguments, a
-    credential the requester may not use...). ``ParentNotRunningYet`` when the call's
-    "started" report has not been recorded yet (the caller tries again shortly).
+    Refused (``BrokeredRequestRefused``, answered unless a replay): the call is not running
+    on this runner under this command, the request id was used already, or the call's
+    requester can no longer act. A child that could not even be requested (an unknown
+    adapter, bad arguments, a credential the requester may not use...) is recorded without
+    a child, with its ``error``, answered at once by the caller. ``ParentNotRunningYet``
+    when the call's "started" report is not recorded yet (the caller tries again shortly).
     """
     try:
         return _accept(runner=runner, request=request)
@@ -124,14 +126,17 @@ def _accept(*, runner: Runner, request: AdapterRequest) -> BrokeredRequest:
         refused.parent = parent
         raise
     wanted = request.request
+    child, error = None, None
     try:
         with transaction.atomic():
             child = action_request(
                 actor=actor, thread=parent.thread, tool=ADAPTER_TOOL, args=wanted
             )
-    except KestrelError as error:
-        # Refused before any action existed: the same answer the API would give.
-        raise _refused(runner, parent, error.code, error.message, answer=True) from None
+    except KestrelError as refused:
+        # Refused before any action existed (an unknown adapter or operation, arguments
+        # that do not fit, a credential this requester may not use...): the answer is what
+        # the API would have said. Recorded all the same, so its request id is used up.
+        error = {"code": refused.code, "message": refused.message[:1000]}
     brokered = BrokeredRequest.objects.create(
         request_id=request.request_id,
         organization=parent.organization,
@@ -139,21 +144,26 @@ def _accept(*, runner: Runner, request: AdapterRequest) -> BrokeredRequest:
         child=child,
         runner=runner,
         pool=runner.pool,
-        adapter=str(wanted.get("adapter", "")),
-        operation=str(wanted.get("operation", "")),
+        adapter=str(wanted.get("adapter", ""))[:64],
+        operation=str(wanted.get("operation", ""))[:64],
         expires_at=datetime.fromtimestamp(request.exp, tz=UTC),
+        error=error,
+        answered_at=timezone.now() if child is None else None,
+        outcome="refused" if child is None else "",
     )
     audit_record(
         organization=parent.organization,
         actor=runner_principal(runner.public_id),
         action="adapter.broker_request",
-        target=child,
-        outcome=child.state,
+        target=child or parent,
+        outcome=child.state if child is not None else "refused",
         data={
             "parent": parent.public_id,
+            "child": child.public_id if child is not None else None,
             "request": request.request_id,
             "adapter": brokered.adapter,
             "operation": brokered.operation,
+            "error": error["code"] if error else None,
         },
     )
     return brokered

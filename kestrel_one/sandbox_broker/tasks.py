@@ -65,8 +65,23 @@ def adapter_request(self, token: str) -> None:
                 error={"code": refused.code, "message": refused.message[:1000]},
             )
         return
+    if brokered.child is None:
+        logger.info("brokered adapter request refused", request=brokered.request_id,
+                    code=brokered.error["code"])  # fmt: skip
+        answer_push(
+            pool=brokered.pool,
+            request_id=brokered.request_id,
+            call_id=request.call_id,
+            action=None,
+            outcome="refused",
+            result=None,
+            error=brokered.error,
+        )
+        return
+    # The child's answer goes out when it ends (answers.answer_on_end), which may be now: a
+    # child denied at request ended in the transaction that recorded it.
     logger.info(
         "brokered adapter request accepted",
         request=brokered.request_id,
-        child=brokered.child.public_id if brokered.child else None,
+        child=brokered.child.public_id,
     )
