@@ -18,6 +18,7 @@ import dj_database_url
 import structlog
 from django.core.exceptions import ImproperlyConfigured
 
+from kestrel_one.common.egress import host_overrides_parse
 from kestrel_one.common.redaction import redact_log_event
 from kestrel_one.local.runtime import runtime_paths
 from runners.contract.broker import kombu_url
@@ -546,6 +547,26 @@ KESTREL_WEBHOOK_ALLOW_ADDRESSES = [
 ]
 # An extra CA bundle (PEM) to trust for destinations, e.g. a private CA; system CAs otherwise.
 KESTREL_WEBHOOK_CA_BUNDLE = env_str("KESTREL_WEBHOOK_CA_BUNDLE")
+# The one egress client (kestrel_one/common/egress.py, docs/operations.md#egress). Development
+# and tests only: an exact host name pointed at a test address ("host=addr:port,..."), which
+# is then reached even on loopback, and an extra CA bundle to trust for every destination.
+# Both are refused in hosted mode unless KESTREL_EGRESS_OVERRIDES_IN_HOSTED says otherwise.
+try:
+    KESTREL_EGRESS_HOST_OVERRIDES = host_overrides_parse(env_str("KESTREL_EGRESS_HOST_OVERRIDES"))
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+KESTREL_EGRESS_CA_BUNDLE = env_str("KESTREL_EGRESS_CA_BUNDLE")
+KESTREL_EGRESS_OVERRIDES_IN_HOSTED = env_bool("KESTREL_EGRESS_OVERRIDES_IN_HOSTED", False)
+if HOSTED and not KESTREL_EGRESS_OVERRIDES_IN_HOSTED:
+    for _name in ("KESTREL_EGRESS_HOST_OVERRIDES", "KESTREL_EGRESS_CA_BUNDLE"):
+        if env_str(_name):
+            raise ImproperlyConfigured(
+                f"{_name} is refused in hosted mode unless KESTREL_EGRESS_OVERRIDES_IN_HOSTED=1"
+            )
+if KESTREL_EGRESS_CA_BUNDLE and not Path(KESTREL_EGRESS_CA_BUNDLE).is_file():
+    raise ImproperlyConfigured(
+        f"KESTREL_EGRESS_CA_BUNDLE names {KESTREL_EGRESS_CA_BUNDLE!r}, which is not a file"
+    )
 CELERY_BEAT_SCHEDULE["sweep-webhook-deliveries"] = {
     "task": "control.webhooks.sweep",
     "schedule": float(KESTREL_WEBHOOK_SWEEP_SECONDS),

@@ -20,6 +20,7 @@ from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.accounts.scopes import ROLE_SCOPES, Role
 from kestrel_one.accounts.services import token_create
+from kestrel_one.common.egress import host_overrides_parse
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.models import Action, Receipt
 from kestrel_one.execution.plans import plan_propose
@@ -36,6 +37,7 @@ from tests.factories import (
     UserFactory,
 )
 from tests.support import unmount_workspace_quotas
+from tests.upstream import Upstream, upstream_start
 
 # The acme production environment's ceiling in the shared world.
 ENVIRONMENT_POLICY = {
@@ -82,6 +84,29 @@ def _no_workspace_quota_left_mounted(tmp_path_factory):
     outlives the suite (the runner fixtures unmount their own already)."""
     yield
     unmount_workspace_quotas(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def upstream_server(tmp_path_factory):
+    """The test upstream (tests/upstream.py), one process for the session."""
+    try:
+        server = upstream_start(tmp_path_factory.mktemp("upstream"))
+    except RuntimeError as error:
+        pytest.fail(str(error), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def upstream(upstream_server, settings) -> Upstream:
+    """The test upstream for one test: the egress client in this process reaches the four
+    provider names there (its CA trusted, the overrides allowed in the tests' hosted mode);
+    ``requests()`` counts only this test's requests; ``env()`` is for worker subprocesses."""
+    handle = upstream_server.reset()
+    settings.KESTREL_EGRESS_HOST_OVERRIDES = host_overrides_parse(handle.overrides)
+    settings.KESTREL_EGRESS_CA_BUNDLE = handle.ca_bundle
+    settings.KESTREL_EGRESS_OVERRIDES_IN_HOSTED = True
+    return handle
 
 
 REPO = Path(__file__).resolve().parents[1]

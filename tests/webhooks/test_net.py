@@ -4,6 +4,7 @@ redirects are never followed, answers are read only so far."""
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 import pytest
 
@@ -31,7 +32,7 @@ REFUSED = [
 
 
 def _resolving_to(monkeypatch, mapping: dict[str, list[str]], calls: list | None = None):
-    real_getaddrinfo = net.socket.getaddrinfo
+    real_getaddrinfo = socket.getaddrinfo
 
     def fake_getaddrinfo(host, port, *args, **kwargs):
         if host not in mapping:  # an address literal (urllib3 connecting): no lookup happens
@@ -41,7 +42,7 @@ def _resolving_to(monkeypatch, mapping: dict[str, list[str]], calls: list | None
             calls.append(host)
         return [(None, None, None, "", (address, port)) for address in mapping[host]]
 
-    monkeypatch.setattr(net.socket, "getaddrinfo", fake_getaddrinfo)
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
 
 
 @pytest.mark.spec("API-5")
