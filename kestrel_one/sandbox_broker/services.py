@@ -30,7 +30,9 @@ from kestrel_one.audit.services import audit_record, audit_refusal_record
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.execution.models import Action, ActionState, Runner
 from kestrel_one.execution.services import action_request
+from kestrel_one.governance.selectors import policy_versions_lock
 from kestrel_one.sandbox_broker.models import BrokeredRequest
+from kestrel_one.tenancy.models import Project
 from runners.contract.adapter_broker import (
     AdapterBrokerRefused,
     AdapterRequest,
@@ -98,6 +100,17 @@ def brokered_request_accept(*, runner: Runner, request: AdapterRequest) -> Broke
 
 @transaction.atomic
 def _accept(*, runner: Runner, request: AdapterRequest) -> BrokeredRequest:
+    # The policy locks before the call's row, in the order every other writer takes them
+    # (action_request takes them again for the child). The call's row is locked so that it
+    # cannot end between this check and its child's creation: its ending then sees the
+    # child (answers.answer_on_end cancels one still waiting for a person).
+    project_id = (
+        Action.objects.filter(public_id=request.call_id)
+        .values_list("project_id", flat=True)
+        .first()
+    )
+    if project_id is not None:
+        policy_versions_lock(Project.objects.get(pk=project_id))
     parent = (
         Action.objects.select_for_update(of=("self",))
         .select_related("organization", "thread", "project", "requested_by_token")
