@@ -89,11 +89,10 @@ def _outcome_of(child: Action) -> tuple[str, object, dict | None]:
             reasons = "; ".join((child.decision or {}).get("reasons", [])) or "the policy denies it"
             error = {"code": "policy_denied", "message": reasons[:1000]}
     error = error or {"code": child.state, "message": f"The action ended {child.state}."}
-    return (
-        str(child.state),
-        None,
-        {"code": str(error.get("code")), "message": str(error.get("message"))},
-    )
+    shown = {"code": str(error.get("code")), "message": str(error.get("message"))}
+    # A failed call may still carry the upstream's answer (an HTTP 4xx body): the workload
+    # gets it as recorded, beside the error.
+    return str(child.state), child.result if child.state == ActionState.FAILED else None, shown
 
 
 def answer_push(
