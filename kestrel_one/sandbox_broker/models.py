@@ -36,7 +36,7 @@ class BrokeredRequest(models.Model):
     expires_at = models.DateTimeField()
     # Set once, when the answer was pushed; with ``outcome`` as answered.
     answered_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=16, blank=True, default="")
+    outcome = models.CharField(max_length=20, blank=True, default="")
     # Why no child was requested ({"code", "message"}, as the API would have answered).
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

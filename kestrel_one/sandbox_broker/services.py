@@ -169,10 +169,11 @@ def _accept(*, runner: Runner, request: AdapterRequest) -> BrokeredRequest:
         actor=runner_principal(runner.public_id),
         action="adapter.broker_request",
         target=child or parent,
-        outcome=child.state if child is not None else "refused",
+        outcome="requested" if child is not None else "refused",
         data={
             "parent": parent.public_id,
             "child": child.public_id if child is not None else None,
+            "state": child.state if child is not None else None,
             "request": request.request_id,
             "adapter": brokered.adapter,
             "operation": brokered.operation,

@@ -46,6 +46,22 @@ def adapter_request(self, token: str) -> None:
         brokered = brokered_request_accept(runner=runner, request=request)
     except ParentNotRunningYet:
         raise self.retry(countdown=NOT_RUNNING_RETRY_SECONDS) from None
+    except OperationalError:
+        raise  # the database is away: retried (autoretry_for)
+    except Exception:
+        # Not a refusal: a fault here. The workload is told at once rather than left to
+        # wait out its timeout; nothing was recorded (the transaction rolled back).
+        logger.exception("brokered adapter request failed", request=request.request_id)
+        answer_push(
+            pool=runner.pool,
+            request_id=request.request_id,
+            call_id=request.call_id,
+            action=None,
+            outcome="refused",
+            result=None,
+            error={"code": "internal_error", "message": "the control plane failed"},
+        )
+        return
     except BrokeredRequestRefused as refused:
         logger.warning(
             "brokered adapter request refused",
