@@ -221,8 +221,17 @@ def test_an_external_operation_waits_for_a_person_while_the_workload_waits(e2e):
 
 
 def test_a_denied_child_answers_the_workload_with_a_refusal(e2e):
-    # Not named by the environment's policy: denied at request.
+    # A credential it may use, but an operation the environment's policy does not name:
+    # denied at request.
+    slack_credential = credential_create(
+        actor=system_principal("tests"),
+        organization=e2e["thread"].project.organization,
+        name="slack",
+        adapter="slack",
+        secret=e2e["upstream"].secret("slack"),
+    )
     slack = kestrel_adapter("slack", "chat.postMessage", json.dumps({"channel": "C1", "text": "x"}),
+                            "--credential", slack_credential.public_id,
                             "--idempotency-key", "k1")  # fmt: skip
     denied = finished(e2e, script_call(e2e, CALL.format(args=slack)))
     rc, printed = client_output(denied)
