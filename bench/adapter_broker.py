@@ -39,6 +39,8 @@ from tests.upstream import DEFAULT_SECRETS, upstream_start  # noqa: E402
 ADMIN_DATABASE_URL = os.environ.get(
     "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"
 )
+# Redis DB 9 on the default port unless BENCH_BROKER_URL names another (it is flushed).
+governed.BROKER = os.environ.get("BENCH_BROKER_URL", governed.BROKER)
 OWNER, REPO = "kestrel", "one"
 TARGET_RATIO = 3.0
 POLICY = {
