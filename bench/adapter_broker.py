@@ -52,27 +52,27 @@ POLICY = {
         },
     }
 }
-# Inside the sandbox: N exchanges over the socket, then N runs of the client; one JSON line.
+# Inside the sandbox: N exchanges over the socket (or N runs of the client); one JSON line.
+# Two calls of the thread, since a call may make at most 32 requests (runners.adapter_broker).
 WORKLOAD = r"""
 import json, os, socket, subprocess, sys, time
-n = int(sys.argv[1]); body = sys.argv[2].encode() + b"\n"
+mode, n, body = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+request = json.loads(body)
 def exchange():
     s = socket.socket(socket.AF_UNIX); s.connect(os.environ["KESTREL_ADAPTER_SOCKET"])
-    s.sendall(body); s.shutdown(socket.SHUT_WR)
+    s.sendall(body.encode() + b"\n"); s.shutdown(socket.SHUT_WR)
     answer = json.loads(s.makefile().read()); s.close()
     assert answer["ok"], answer
-exchange()  # the first request also sends the call's started report
-socket_s, client_s = [], []
-for _ in range(n):
-    t = time.perf_counter(); exchange(); socket_s.append(time.perf_counter() - t)
-request = json.loads(sys.argv[2])
-for _ in range(n):
-    t = time.perf_counter()
+def client():
     subprocess.run(["kestrel-adapter", request["adapter"], request["operation"],
                     json.dumps(request["args"]), "--credential", request["credential"]],
                    check=True, capture_output=True)
-    client_s.append(time.perf_counter() - t)
-print(json.dumps({"socket": socket_s, "client": client_s}))
+once = exchange if mode == "socket" else client
+once()  # the first request also sends the call's started report
+timings = []
+for _ in range(n):
+    t = time.perf_counter(); once(); timings.append(time.perf_counter() - t)
+print(json.dumps(timings))
 """
 
 
@@ -110,6 +110,23 @@ def direct_requests(upstream, samples: int) -> list[float]:
     return timings[1:]  # the first pays for imports and the CA load
 
 
+def workload(server, workspace, thread: str, mode: str, samples: int, request: dict) -> list:
+    """One call of the thread timing ``samples`` adapter calls from inside its sandbox."""
+    body = server.call(
+        "POST",
+        f"{workspace.threads_path}/{thread}/actions?wait=110",
+        {
+            "tool": "shell.exec",
+            "args": {"argv": ["python3", "-c", WORKLOAD, mode, str(samples), json.dumps(request)]},
+        },
+        201,
+    )
+    result = body.get("result") or {}
+    if body.get("state") != "succeeded" or result.get("exit_code") != 0:
+        raise RuntimeError(f"the workload failed: {json.dumps(result)[:3000]}")
+    return json.loads(result["stdout"].strip().splitlines()[-1])
+
+
 def run(samples: int) -> dict[str, Any]:
     upstream = upstream_start(Path(tempfile.mkdtemp(prefix="kestrel-bench-upstream-")))
     try:
@@ -135,21 +152,10 @@ def run(samples: int) -> dict[str, Any]:
                     "args": {"owner": OWNER, "repo": REPO},
                     "credential": credential,
                 }
-                body = server.call(
-                    "POST",
-                    f"{workspace.threads_path}/{thread}/actions?wait=110",
-                    {
-                        "tool": "shell.exec",
-                        "args": {
-                            "argv": ["python3", "-c", WORKLOAD, str(samples), json.dumps(request)]
-                        },
-                    },
-                    201,
-                )
-                result = body.get("result") or {}
-                if body.get("state") != "succeeded" or result.get("exit_code") != 0:
-                    raise RuntimeError(f"the workload failed: {json.dumps(body)[:3000]}")
-                inside = json.loads(result["stdout"].strip().splitlines()[-1])
+                inside = {
+                    mode: workload(server, workspace, thread, mode, samples, request)
+                    for mode in ("socket", "client")
+                }
         direct = direct_requests(upstream, samples)
     finally:
         upstream.stop()
@@ -178,7 +184,7 @@ def run(samples: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--samples", type=int, default=30, help="at most 31 (a call's limit)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     options = parser.parse_args()
     figures = run(options.samples)
