@@ -127,6 +127,29 @@ def workload(server, workspace, thread: str, mode: str, samples: int, request: d
     return json.loads(result["stdout"].strip().splitlines()[-1])
 
 
+def child_phases(server, workspace, thread: str) -> dict[str, float]:
+    """Median milliseconds of the child actions' phases: dispatched to the adapter worker
+    (created -> started) and the adapter call itself with its recording (started ->
+    finished); the rest of a brokered call is the request's and the answer's way."""
+    from datetime import datetime
+
+    listed = server.call("GET", f"{workspace.threads_path}/{thread}/actions?limit=200")
+    children = [a for a in listed.get("results", listed) if a["tool"] == "adapter.invoke"]
+
+    def ms(start: str, end: str) -> float:
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds() * 1000
+
+    return {
+        "children": len(children),
+        "queued_to_started_ms": statistics.median(
+            ms(a["created_at"], a["started_at"]) for a in children
+        ),
+        "started_to_finished_ms": statistics.median(
+            ms(a["started_at"], a["finished_at"]) for a in children
+        ),
+    }
+
+
 def run(samples: int) -> dict[str, Any]:
     upstream = upstream_start(Path(tempfile.mkdtemp(prefix="kestrel-bench-upstream-")))
     try:
@@ -156,6 +179,7 @@ def run(samples: int) -> dict[str, Any]:
                     mode: workload(server, workspace, thread, mode, samples, request)
                     for mode in ("socket", "client")
                 }
+                phases = child_phases(server, workspace, thread)
         direct = direct_requests(upstream, samples)
     finally:
         upstream.stop()
@@ -165,6 +189,7 @@ def run(samples: int) -> dict[str, Any]:
         "the same HTTPS request from the runner host",
         direct,
         target=f"<= {TARGET_RATIO}x",
+        **phases,
     )
     brokered.met = brokered.ratio <= TARGET_RATIO
     client = timing_figure(
@@ -178,7 +203,8 @@ def run(samples: int) -> dict[str, Any]:
         "figures": [brokered.as_dict(), client.as_dict()],
         "socket_median_ms": statistics.median(inside["socket"]) * 1000,
         "direct_median_ms": statistics.median(direct) * 1000,
-        "_table": format_table([brokered, client]),
+        "child_phases": phases,
+        "_table": format_table([brokered, client]) + f"\nchild actions: {phases}",
     }
 
 
