@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from runners.contract.adapter_broker import (
     MAX_ADAPTER_REQUEST_BYTES,
+    MAX_REQUEST_LIFETIME_SECONDS,
     AdapterBrokerRefused,
     check_adapter_request,
     new_request_id,
@@ -84,27 +85,38 @@ class AdapterTransport(Protocol):
 @dataclass
 class RedisAdapterTransport:
     """The real transport: the request as a task on the control queue (``send_task``), the
-    answer by BRPOP on the reply list, both with the runner's own broker user."""
+    answer by BRPOP on the reply list, both with the runner's own broker user. One client
+    (and its connection pool) per worker process, shared by its brokers' threads."""
 
     send_task: Callable[[str], None]
     redis_url: str
+    _clients: dict[int, Any] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def send(self, token: str) -> None:
         self.send_task(token)
 
     def wait(self, key: str, timeout_s: float) -> str | None:
-        import redis  # the runner's dependency; imported here so tests of the broker need none
-
-        client = redis.Redis.from_url(
-            self.redis_url, socket_timeout=timeout_s + 10, socket_connect_timeout=5
-        )
-        try:
-            popped = client.brpop([key], timeout=max(timeout_s, 0.01))
-        finally:
-            client.close()
+        popped = self._client().brpop([key], timeout=max(timeout_s, 0.01))
         if popped is None:
             return None
         return popped[1].decode("ascii", errors="replace")
+
+    def _client(self) -> Any:
+        import redis  # the runner's dependency; imported here so tests of the broker need none
+
+        with self._lock:
+            client = self._clients.get(os.getpid())
+            if client is None:
+                # A read waits as long as BRPOP may (its own bound is the call's remaining
+                # time, at most the longest request's lifetime), and not forever.
+                client = redis.Redis.from_url(
+                    self.redis_url,
+                    socket_connect_timeout=5,
+                    socket_timeout=MAX_REQUEST_LIFETIME_SECONDS + 60,
+                )
+                self._clients = {os.getpid(): client}  # a forked child makes its own
+            return client
 
 
 def adapter_root_directory() -> Path:

@@ -238,18 +238,11 @@ def send_report(result_token: str) -> None:
 def send_adapter_request(request_token: str) -> None:
     """Send a workload's signed adapter request (runners.adapter_broker) to the control plane.
 
-    From a broker thread, on a connection of its own (as a heartbeat): the worker's own loop
-    keeps its connection to itself.
+    From a broker thread, while the worker's own thread waits for its call's sandbox; the
+    producer pool hands each thread a connection of its own. Not declared (``declare=[]``),
+    as a report.
     """
-    with app.connection_for_write() as connection:
-        app.send_task(
-            ADAPTER_REQUEST_TASK,
-            args=[request_token],
-            queue=REPORT_QUEUE,
-            retry=False,
-            connection=connection,
-            declare=[],
-        )
+    app.send_task(ADAPTER_REQUEST_TASK, args=[request_token], queue=REPORT_QUEUE, declare=[])
 
 
 def send_heartbeat(heartbeat_token: str) -> None:

@@ -11,6 +11,7 @@ is), never a credential: the control-tier worker that used one returns none.
 from __future__ import annotations
 
 import logging
+import os
 
 import redis
 from django.conf import settings
@@ -95,6 +96,21 @@ def _outcome_of(child: Action) -> tuple[str, object, dict | None]:
     return str(child.state), child.result if child.state == ActionState.FAILED else None, shown
 
 
+_clients: dict[int, redis.Redis] = {}
+
+
+def _redis() -> redis.Redis:
+    """This process's client of the broker's Redis (a forked worker makes its own)."""
+    client = _clients.get(os.getpid())
+    if client is None:
+        client = redis.Redis.from_url(
+            redis_client_url(settings.REDIS_URL), socket_timeout=5, socket_connect_timeout=5
+        )
+        _clients.clear()
+        _clients[os.getpid()] = client
+    return client
+
+
 def answer_push(
     *,
     pool: str,
@@ -135,17 +151,11 @@ def answer_push(
                 private_key=control_private_key(),
                 ttl=REPLY_TTL_SECONDS,
             )
-        client = redis.Redis.from_url(
-            redis_client_url(settings.REDIS_URL), socket_timeout=5, socket_connect_timeout=5
-        )
-        try:
-            key = reply_key(pool, request_id)
-            with client.pipeline(transaction=True) as pipe:
-                pipe.lpush(key, token)
-                pipe.expire(key, REPLY_TTL_SECONDS)
-                pipe.execute()
-        finally:
-            client.close()
+        key = reply_key(pool, request_id)
+        with _redis().pipeline(transaction=True) as pipe:
+            pipe.lpush(key, token)
+            pipe.expire(key, REPLY_TTL_SECONDS)
+            pipe.execute()
     except Exception as error:
         logger.warning(
             "answer to brokered request %s not pushed (%s)", request_id, type(error).__name__
