@@ -119,14 +119,19 @@ class RedisAdapterTransport:
             return client
 
 
-def adapter_root_directory() -> Path:
-    """``KESTREL_ADAPTER_BROKER_DIR``, else ``kestrel-adapter-<uid>`` in the temporary
+def adapter_root_directory(root: Path | None = None) -> Path:
+    """``root`` (a backend's own: ``WarmDockerBackend.adapter_root``), else
+    ``KESTREL_ADAPTER_BROKER_DIR``, else ``kestrel-adapter-<uid>`` in the temporary
     directory: mode 0711, owned by this user, so a sandbox's user (bubblewrap binds the
     per-call directory as that user) may pass through it but nobody may list it."""
     configured = os.environ.get(ADAPTER_ROOT_VARIABLE, "").strip()
-    root = Path(configured or Path(tempfile.gettempdir()) / f"kestrel-adapter-{os.geteuid()}")
-    root.mkdir(mode=0o711, parents=bool(configured), exist_ok=True)
+    if root is None:
+        root = Path(configured or Path(tempfile.gettempdir()) / f"kestrel-adapter-{os.geteuid()}")
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
     info = os.lstat(root)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+        os.chmod(root, 0o711)  # noqa: S103 - whatever the umask made of it (serve's is 077)
+        info = os.lstat(root)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o066:
         raise OSError(
             f"{root} must be a directory of this user that others cannot list or write "
@@ -171,7 +176,7 @@ class AdapterBroker:
         return self.directory / SOCKET_NAME
 
     def __enter__(self) -> AdapterBroker:
-        root = self.root or adapter_root_directory()
+        root = adapter_root_directory(self.root)
         self.directory = Path(tempfile.mkdtemp(prefix="call-", dir=root))
         # The sandbox's user must reach the socket inside (it connects; it cannot create,
         # the mount is read-only); the name is random, the root unlistable.

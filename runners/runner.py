@@ -338,7 +338,7 @@ class Runner:
                 adapter_dir = None
                 if get_tool(command.tool).runs_process:
                     backend = self.choose_backend(self.config.sandbox)
-                    broker = self._adapter_broker(command, limits, started)
+                    broker = self._adapter_broker(command, limits, started, backend)
                     if broker is not None:
                         try:
                             adapter_dir = stack.enter_context(broker).directory
@@ -371,7 +371,11 @@ class Runner:
         return "succeeded", result, None, self._sandbox_name(command, backend)
 
     def _adapter_broker(
-        self, command: Command, limits: ExecLimits, started: StartedReport | None
+        self,
+        command: Command,
+        limits: ExecLimits,
+        started: StartedReport | None,
+        backend: SandboxBackend,
     ) -> AdapterBroker | None:
         """The call's adapter broker, open for as long as the call runs (CRED-3); its wait
         for an answer is bounded by the call's own timeout."""
@@ -388,6 +392,9 @@ class Runner:
             deadline=time.monotonic() + limits.timeout_s,
             # The control plane answers only for a call it sees running on this runner.
             before_request=started.send_now if started is not None else (lambda: None),
+            # A backend may want the sockets somewhere of its own (warm containers: on the
+            # filesystem of their directories); otherwise KESTREL_ADAPTER_BROKER_DIR.
+            root=getattr(backend, "adapter_root", None),
         )
 
     @staticmethod

@@ -160,6 +160,14 @@ class WarmDockerBackend(SandboxBackend):
     def client(self) -> Any:
         return self.docker.client
 
+    @property
+    def adapter_root(self) -> Path:
+        """Where this backend's calls' adapter broker sockets go: beside the containers'
+        directories, on their filesystem, so each can be hard linked into its container
+        (``_link_adapter``; runners.adapter_broker)."""
+        assert self.agent_root is not None
+        return self.agent_root / "adapter-calls"
+
     # --- the SandboxBackend interface ------------------------------------------------
 
     def run(self, spec: ExecSpec) -> ExecResult:
