@@ -45,13 +45,9 @@ def adapter_request(self, token: str) -> None:
     try:
         brokered = brokered_request_accept(runner=runner, request=request)
     except ParentNotRunningYet:
-        raise self.retry(countdown=NOT_RUNNING_RETRY_SECONDS) from None
-    except OperationalError:
-        raise  # the database is away: retried (autoretry_for)
-    except Exception:
-        # Not a refusal: a fault here. The workload is told at once rather than left to
-        # wait out its timeout; nothing was recorded (the transaction rolled back).
-        logger.exception("brokered adapter request failed", request=request.request_id)
+        if self.request.retries < NOT_RUNNING_RETRIES:
+            raise self.retry(countdown=NOT_RUNNING_RETRY_SECONDS) from None
+        # Its "started" report never came: the call is not running as far as we know.
         answer_push(
             pool=runner.pool,
             request_id=request.request_id,
@@ -59,7 +55,7 @@ def adapter_request(self, token: str) -> None:
             action=None,
             outcome="refused",
             result=None,
-            error={"code": "internal_error", "message": "the control plane failed"},
+            error={"code": "call_not_running", "message": "the call has not started"},
         )
         return
     except BrokeredRequestRefused as refused:
@@ -80,6 +76,22 @@ def adapter_request(self, token: str) -> None:
                 result=None,
                 error={"code": refused.code, "message": refused.message[:1000]},
             )
+        return
+    except OperationalError:
+        raise  # the database is away: retried (autoretry_for)
+    except Exception:
+        # Not a refusal: a fault here. The workload is told at once rather than left to
+        # wait out its timeout; nothing was recorded (the transaction rolled back).
+        logger.exception("brokered adapter request failed", request=request.request_id)
+        answer_push(
+            pool=runner.pool,
+            request_id=request.request_id,
+            call_id=request.call_id,
+            action=None,
+            outcome="refused",
+            result=None,
+            error={"code": "internal_error", "message": "the control plane failed"},
+        )
         return
     if brokered.child is None:
         logger.info("brokered adapter request refused", request=brokered.request_id,
