@@ -412,6 +412,18 @@ KESTREL_SIGNING_KEY_FILE = Path(
 )
 if HOSTED and not env_str("KESTREL_SIGNING_KEY_FILE"):
     raise ImproperlyConfigured("KESTREL_MODE=hosted requires KESTREL_SIGNING_KEY_FILE to be set")
+# Credentials (docs/credentials.md): the key-encryption key that wraps every credential's
+# data key. Hosted mode names the file; single-host generates one (0600) in the data folder.
+# The previous key file is read only during a key rotation, until every record is re-wrapped.
+KESTREL_CREDENTIALS_KEY_FILE = Path(
+    env_str("KESTREL_CREDENTIALS_KEY_FILE") or KESTREL_DATA_DIR / "credentials_key"
+)
+if HOSTED and not env_str("KESTREL_CREDENTIALS_KEY_FILE"):
+    raise ImproperlyConfigured(
+        "KESTREL_MODE=hosted requires KESTREL_CREDENTIALS_KEY_FILE to be set (the file holding "
+        "the key that encrypts credentials; docs/credentials.md)"
+    )
+KESTREL_CREDENTIALS_PREVIOUS_KEY_FILE = env_str("KESTREL_CREDENTIALS_PREVIOUS_KEY_FILE")
 KESTREL_DEFAULT_POOL = env_str("KESTREL_DEFAULT_POOL", "default")
 # Every enrolled runner logs in to the broker as its own Redis ACL user, limited to its
 # pool's keys and removed when it is revoked (kestrel_one/execution/broker_users.py). REDIS_URL

@@ -26,5 +26,6 @@ SINGLE_HOST = False
 HOSTED = True
 KESTREL_SERVER_TOKEN = None
 KESTREL_SIGNING_KEY_FILE = KESTREL_DATA_DIR / "control_signing_key.pem"  # noqa: F405
+KESTREL_CREDENTIALS_KEY_FILE = KESTREL_DATA_DIR / "credentials_key"  # noqa: F405
 # Tests read the overview's chart as it is now (test_dashboard.py tests the cache itself).
 KESTREL_CONSOLE_CHART_SECONDS = 0

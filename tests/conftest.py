@@ -78,6 +78,20 @@ def _control_signing_key():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _credentials_key():
+    """The key that encrypts credentials, as an operator would provision it (0600)."""
+    from kestrel_one.credentials.crypto import key_generate
+
+    path = settings.KESTREL_CREDENTIALS_KEY_FILE
+    if not path.exists():
+        try:
+            key_generate(path)
+        except FileExistsError:
+            pass
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _no_workspace_quota_left_mounted(tmp_path_factory):
     """Runners mount a quota filesystem per workspace; whatever a test's runner left mounted
     under this session's temporary directories is unmounted at the end, so no loop device

@@ -15,6 +15,7 @@ HOSTED = {
     "DJANGO_SECRET_KEY": "x" * 20 + "-not-a-real-secret-but-long-enough-for-the-check-" + "y" * 20,
     "KESTREL_ALLOWED_HOSTS": "kestrel.example.com",
     "KESTREL_SIGNING_KEY_FILE": "/etc/kestrel/signing.pem",
+    "KESTREL_CREDENTIALS_KEY_FILE": "/etc/kestrel/credentials.key",
 }
 
 
@@ -82,3 +83,11 @@ def test_hosted_mode_refuses_runners_without_broker_users_of_their_own():
     assert "KESTREL_RUNNER_BROKER_USERS=0 is refused in hosted mode" in result.stderr
     # A single host may share the control plane's broker access (a Redis without ACLs).
     assert run_manage({"KESTREL_RUNNER_BROKER_USERS": "false"}, "check").returncode == 0
+
+
+def test_hosted_mode_requires_the_credentials_key_file():
+    without = {k: v for k, v in HOSTED.items() if k != "KESTREL_CREDENTIALS_KEY_FILE"}
+    result = run_manage(without, "check")
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "KESTREL_CREDENTIALS_KEY_FILE" in result.stderr

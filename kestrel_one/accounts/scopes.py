@@ -38,13 +38,23 @@ SCOPES: dict[str, str] = {
     "runners:write": "See and revoke the runners that serve the organization.",
     "webhooks:write": "Manage webhook endpoints, their secrets and deliveries.",
     "retention:write": "Change how long events, artifacts, checkpoints and audit are kept.",
+    "credentials:read": "See the organization's credentials (names, adapters, fingerprints).",
+    "credentials:write": "Create, rotate and revoke the organization's credentials.",
+    "connections:write": "Create, see and revoke your own App connections (nobody else's).",
 }
 
 ROLE_SCOPES: dict[Role, frozenset[str]] = {
     Role.OWNER: frozenset(SCOPES),
     Role.ADMIN: frozenset(SCOPES),
     Role.MEMBER: frozenset(
-        {"org:read", "projects:read", "projects:write", "actions:approve", "tokens:write"}
+        {
+            "org:read",
+            "projects:read",
+            "projects:write",
+            "actions:approve",
+            "tokens:write",
+            "connections:write",
+        }
     ),
     # Viewers and auditors make their own read tokens: without one they cannot use the API.
     Role.VIEWER: frozenset({"org:read", "projects:read", "tokens:write"}),

@@ -16,6 +16,7 @@ from kestrel_one.artifacts.api import (
     ThreadShareViewSet,
 )
 from kestrel_one.audit.api import AuditHeadViewSet, AuditRecordViewSet
+from kestrel_one.credentials.api import ConnectionViewSet, CredentialViewSet
 from kestrel_one.execution.api import (
     ActionDecisionViewSet,
     ActionViewSet,
@@ -167,6 +168,24 @@ urlpatterns = [
         name="checkpoint-restore",
     ),
     path(f"{ORG}/retention", RetentionViewSet.as_view(POLICY), name="retention"),
+    # Credentials (docs/credentials.md): write-only secrets, fingerprints in every answer.
+    path(f"{ORG}/credentials", CredentialViewSet.as_view(LIST), name="credential-list"),
+    path(
+        f"{ORG}/credentials/<str:id>",
+        CredentialViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="credential-detail",
+    ),
+    path(
+        f"{ORG}/credentials/<str:id>/rotate",
+        CredentialViewSet.as_view({"post": "rotate"}),
+        name="credential-rotate",
+    ),
+    path(f"{ORG}/connections", ConnectionViewSet.as_view(LIST), name="connection-list"),
+    path(
+        f"{ORG}/connections/<str:id>",
+        ConnectionViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="connection-detail",
+    ),
     # Public: the token in the path opens one object; no credential is read.
     path("shared/<str:token>", SharedObjectView.as_view(), name="shared-object"),
     path("shared/<str:token>/content", SharedContentView.as_view(), name="shared-content"),

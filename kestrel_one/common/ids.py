@@ -37,6 +37,8 @@ PREFIXES = frozenset(
         "ver",
         "shr",
         "chk",
+        "crd",
+        "con",
     }
 )
 

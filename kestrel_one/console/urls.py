@@ -3,7 +3,7 @@ its module; this file only puts them together."""
 
 from django.urls import path
 
-from kestrel_one.console import administration, approvals, dashboard, policy, views
+from kestrel_one.console import administration, approvals, credentials, dashboard, policy, views
 
 urlpatterns = [
     path("console/", views.home, name="console_home"),
@@ -12,4 +12,5 @@ urlpatterns = [
     *approvals.urlpatterns,
     *policy.urlpatterns,
     *administration.urlpatterns,
+    *credentials.urlpatterns,
 ]

@@ -168,6 +168,15 @@ class Action(models.Model):
                 fields=["organization", "state", "-created_at", "-id"],
                 name="action_org_state_newest",
             ),
+            # The inbox's list and its counts (``selectors.actions_awaiting_decision``): only
+            # the actions awaiting approval, newest first per organization, carrying what the
+            # query filters on besides the thread, so counting them reads the index alone.
+            models.Index(
+                fields=["organization", "-created_at", "-id"],
+                include=["project", "thread", "requested_by_lineage"],
+                condition=models.Q(state="awaiting_approval"),
+                name="action_awaiting_newest",
+            ),
         ]
 
     def __str__(self) -> str:

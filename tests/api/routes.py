@@ -113,6 +113,28 @@ def records_objects(world):
     return world.records_objects
 
 
+def credentials_objects(world):
+    """An acme org credential and the owner's own App connection, made once per world (the
+    owner's: the walkers that probe as the owner expect to reach every object)."""
+    if not hasattr(world, "credentials_objects"):
+        from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+        from kestrel_one.credentials.services import connection_create, credential_create
+
+        credential = credential_create(
+            actor=system_principal("tests"),
+            organization=world.org,
+            name="walker-github",
+            adapter="github",
+            secret="ghp_walkerSecret0001",
+        )
+        owner = Principal(PrincipalKind.SESSION, user=world["owner"].user)
+        connection = connection_create(
+            actor=owner, organization=world.org, adapter="slack", secret="xoxb-walker-0001"
+        )
+        world.credentials_objects = (credential, connection)
+    return world.credentials_objects
+
+
 # URL kwarg fillers: world -> value, per route name (object ids differ per route).
 Filler = Callable[[object], str]
 
@@ -171,6 +193,11 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:checkpoint-detail": {**PRJ, "chk": lambda w: records_objects(w)[2].public_id},
     "api:checkpoint-restore": {**PRJ, "chk": lambda w: records_objects(w)[2].public_id},
     "api:retention": {},
+    "api:credential-list": {},
+    "api:credential-detail": {"id": lambda w: credentials_objects(w)[0].public_id},
+    "api:credential-rotate": {"id": lambda w: credentials_objects(w)[0].public_id},
+    "api:connection-list": {},
+    "api:connection-detail": {"id": lambda w: credentials_objects(w)[1].public_id},
 }
 
 READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}
@@ -216,6 +243,13 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
         "checkpoints_days": 14,
         "audit_days": 365,
     },
+    ("api:credential-list", "post"): lambda w: {
+        "name": "new-github",
+        "adapter": "github",
+        "secret": "ghp_walkerNewSecret02",
+    },
+    ("api:credential-rotate", "post"): lambda w: {"secret": "ghp_walkerRotated0003"},
+    ("api:connection-list", "post"): lambda w: {"adapter": "github", "secret": "ghp_mine0004"},
 }
 
 # Routes whose writes are self-service: any member (viewers included) may act on their own
@@ -240,6 +274,7 @@ FINGERPRINTED_APPS = (
     "execution",
     "webhooks",
     "artifacts",
+    "credentials",
 )
 # A refused request changes nothing except the audit record of its refusal (AUD-1): those
 # rows, and the chain head that moves with them, are left out. Every other audit row still

@@ -24,7 +24,12 @@ from tests.api.routes import (
 )
 
 # Objects a role may not see even inside its organization (a member sees only own tokens).
-HIDDEN_FROM = {"api:token-detail": {"member", "limited"}}
+HIDDEN_FROM = {
+    "api:token-detail": {"member", "limited"},
+    # A connection is its owner's alone, whatever the caller's role (TEN-5); the walker's is
+    # the owner's, so even an admin and the members get the 404.
+    "api:connection-detail": {"admin", "member", "limited"},
+}
 MISSING_IDS = {
     "id": "tok_00000000000000000000000000",
     "env": "env_00000000000000000000000000",

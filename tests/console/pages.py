@@ -439,4 +439,125 @@ ADMINISTRATION: dict[str, Page] = {
     ),
 }
 
-PAGES: dict[str, Page] = {**OVERVIEW, **DASHBOARD, **APPROVALS, **POLICY, **ADMINISTRATION}
+
+def _credential(organization):
+    from kestrel_one.accounts.principal import system_principal
+    from kestrel_one.credentials.services import credential_create
+
+    return credential_create(
+        actor=system_principal("tests"),
+        organization=organization,
+        name="console-github",
+        adapter="github",
+        secret="ghp_consoleWalker0001",
+    )
+
+
+def _connection(organization, user):
+    from kestrel_one.accounts.principal import Principal, PrincipalKind
+    from kestrel_one.credentials.services import connection_create
+
+    return connection_create(
+        actor=Principal(PrincipalKind.SESSION, user=user),
+        organization=organization,
+        adapter="slack",
+        secret="xoxb-consoleWalker-0001",
+    )
+
+
+def acme_credential(world) -> dict[str, str]:
+    return {"crd": _made(world, "acme_credential", lambda: _credential(world.org)).public_id}
+
+
+def foreign_credential(world) -> dict[str, str]:
+    made = _made(world, "globex_credential", lambda: _credential(world.other_org))
+    return {"crd": made.public_id}
+
+
+def member_connection(world) -> dict[str, str]:
+    made = _made(world, "member_connection", lambda: _connection(world.org, world["member"].user))
+    return {"con": made.public_id}
+
+
+def foreign_connection(world) -> dict[str, str]:
+    made = _made(
+        world,
+        "globex_connection",
+        lambda: _connection(world.other_org, world["outsider"].user),
+    )
+    return {"con": made.public_id}
+
+
+# Connections are a person's own: every member but a viewer has them (connections:write).
+CONNECTION_HOLDERS = {**EVERYONE, "viewer": 403}
+
+CREDENTIALS: dict[str, Page] = {
+    "console_credentials": Page(
+        get=dict(ADMINS),
+        posts=(
+            Post(
+                body=lambda world: {
+                    "name": "walker-new",
+                    "adapter": "github",
+                    "secret": "ghp_consoleNew0002",
+                },
+                expect={"viewer": 403, "member": 403},
+                sudo=True,
+            ),
+        ),
+    ),
+    "console_credential_rotate": Page(
+        fill=acme_credential,
+        foreign=foreign_credential,
+        post_only=True,
+        posts=(
+            Post(
+                body=lambda world: {"secret": "ghp_consoleRotated0003"},
+                expect={"viewer": 403, "member": 403, "limited": 403},
+                sudo=True,
+            ),
+        ),
+    ),
+    "console_credential_revoke": Page(
+        fill=acme_credential,
+        foreign=foreign_credential,
+        post_only=True,
+        posts=(
+            Post(
+                body=lambda world: {},
+                expect={"viewer": 403, "member": 403, "limited": 403},
+                sudo=True,
+            ),
+        ),
+    ),
+    "console_connections": Page(
+        get=dict(CONNECTION_HOLDERS),
+        posts=(
+            Post(
+                body=lambda world: {"adapter": "github", "secret": "ghp_consoleMine0004"},
+                expect={"viewer": 403},
+            ),
+        ),
+    ),
+    # The member's own connection: anyone else, whatever their role, gets the 404 (TEN-5).
+    "console_connection_revoke": Page(
+        fill=member_connection,
+        foreign=foreign_connection,
+        post_only=True,
+        posts=(
+            Post(
+                body=lambda world: {},
+                expect={"viewer": 403, "owner": 404, "admin": 404, "limited": 404},
+            ),
+        ),
+    ),
+}
+
+PAGES: dict[str, Page] = {
+    **OVERVIEW,
+    **DASHBOARD,
+    **APPROVALS,
+    **POLICY,
+    **ADMINISTRATION,
+    **CREDENTIALS,
+}

@@ -9,13 +9,13 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
+from django.utils import dateformat, timezone
 from django.utils.html import escape
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.console import base as console_base
-from kestrel_one.console.approvals import decision_binding
+from kestrel_one.console.approvals import action_requester, decision_binding
 from kestrel_one.console.base import session_principal
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import Action, Approval
@@ -209,6 +209,36 @@ def test_the_inbox_is_paginated_newest_first(world):
     assert newest[0].public_id in first and world.action.public_id not in first
     second = client.get("/console/acme/approvals?page=2").content.decode()
     assert world.action.public_id in second and "Page 2 of 2" in second
+
+
+def test_an_inbox_row_shows_the_tool_flags_place_requester_and_time(world):
+    """The inbox's rows are made as text in Python (``inbox_row``): each shows what the
+    template's own lookups and ``date`` filters showed, escaped."""
+    action = awaiting(world, argv=("make", "row"))
+    Action.objects.filter(pk=action.pk).update(flags=["role_override", "exfiltration"])
+    untitled = thread_create(actor=world.agent, project=world.project, title="", mode="agent")
+    bare = awaiting(world, thread=untitled, argv=("make", "bare"))
+    world.project.name = "launch<pad>"
+    world.project.save(update_fields=["name"])
+    html = signed_in(world["member"].user).get("/console/acme/approvals").content.decode()
+    prj = world.project.public_id
+    for shown, thread, title in ((action, world.thread, world.thread.title), (bare, untitled, "")):
+        shown = Action.objects.select_related("requested_by_token__user", "requested_by_user").get(
+            pk=shown.pk
+        )
+        created = timezone.localtime(shown.created_at)
+        place = f"launch&lt;pad&gt; / {escape(title or thread.public_id)}"
+        assert (
+            f'<a href="/console/acme/projects/{prj}/threads/{thread.public_id}">{place}</a>'
+        ) in html
+        assert f"<td>{escape(action_requester(shown))}</td>" in html
+        assert (
+            f'<time datetime="{dateformat.format(created, "c")}">'
+            f"{dateformat.format(created, 'Y-m-d H:i')} UTC</time>"
+        ) in html
+        assert f'href="/console/acme/actions/{shown.public_id}">Review' in html
+    assert "flagged: role_override, exfiltration" in html
+    assert html.count("flagged:") == 1
 
 
 def test_the_action_page_shows_what_the_decision_binds_and_no_secret(world):

@@ -25,11 +25,12 @@ from django.test import Client
 from django.utils import timezone
 
 from kestrel_one.accounts.models import ApiToken, User
-from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.accounts.services import token_create
 from kestrel_one.accounts.tokens import hash_token
 from kestrel_one.artifacts.models import ShareLink
 from kestrel_one.artifacts.services import share_create, share_token_hash
+from kestrel_one.credentials.services import connection_create, credential_create
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.models import Action, IdempotencyKey, Runner
 from kestrel_one.execution.plans import plan_propose
@@ -70,6 +71,10 @@ PLANTED_FIELDS = {
     "execution.IdempotencyKey.key": "a canary Idempotency-Key",
     "webhooks.WebhookEndpoint.secret_encrypted": "a canary signing secret, and its ciphertext",
     "webhooks.WebhookEndpoint.previous_secret_encrypted": "the same, for a rotation's overlap",
+    "credentials.Credential.secret_ciphertext": "a canary org credential, its ciphertext too",
+    "credentials.Credential.data_key_wrapped": "the same credential's wrapped data key",
+    "credentials.Connection.secret_ciphertext": "a canary App connection, its ciphertext too",
+    "credentials.Connection.data_key_wrapped": "the same connection's wrapped data key",
     "sessions.Session.session_key": "every session's key (HttpOnly: no page may carry one)",
     "axes.AccessLog.session_hash": "whatever django-axes stored (its access log is off)",
 }
@@ -84,6 +89,8 @@ NOT_SECRET_FIELDS = {
     "execution.Approval.decided_by_token": "a reference to a token row",
     "execution.Plan.proposed_by_token": "a reference to a token row",
     "webhooks.WebhookEndpoint.secret_fingerprint": "what pages show instead of the secret",
+    "credentials.Credential.key_id": "which key-encryption key wraps it (a hash: names the key)",
+    "credentials.Connection.key_id": "which key-encryption key wraps it (a hash: names the key)",
     "webhooks.WebhookEndpoint.secret_rotated_at": "a time",
     "webhooks.WebhookEndpoint.previous_secret_expires_at": "a time",
 }
@@ -260,6 +267,27 @@ def canaried(settings, world):
     known |= {
         line for line in runner_key.decode().splitlines() if line and not line.startswith("-")
     }
+
+    # An org credential and a member's App connection, and the key that wraps them (CRED-1).
+    credential = credential_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="canary-github",
+        adapter="github",
+        secret=f"ghp_{canary('credential')}",
+    )
+    connection = connection_create(
+        actor=Principal(PrincipalKind.SESSION, user=world["member"].user),
+        organization=world.org,
+        adapter="slack",
+        secret=f"xoxb-{canary('connection')}",
+    )
+    known |= {f"ghp_{canary('credential')}", f"xoxb-{canary('connection')}"}
+    for record in (credential, connection):
+        for sealed in (bytes(record.secret_ciphertext), bytes(record.data_key_wrapped)):
+            known |= {sealed.hex(), base64.b64encode(sealed).decode().rstrip("=")}
+    kek = django_settings.KESTREL_CREDENTIALS_KEY_FILE.read_text().strip()
+    known |= {kek, base64.b64decode(kek).hex()}
 
     # An environment overlay (write-only: kept sealed while the action awaits approval).
     overlay = {"argv": ["env"], "env": {"API_KEY": canary("env-value")}}
