@@ -13,8 +13,9 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.execution.services import action_request
@@ -26,7 +27,7 @@ from runners.contract.adapter_broker import (
     verify_adapter_answer,
 )
 from runners.contract.names import ADAPTER_REQUEST_TASK, CONTROL_QUEUE
-from runners.contract.tokens import generate_private_key_pem
+from runners.contract.tokens import generate_private_key_pem, public_key_pem
 from tests.execution.workers import governed_thread, real_workers
 
 RUNNER_ID = "run_BROKERE2E00000000000000000"
@@ -144,6 +145,29 @@ def test_a_forged_or_unsigned_request_is_refused_and_the_real_one_answered(e2e):
     assert answer_to(probe_id, running) is not None
     assert BrokeredRequest.objects.filter(request_id=genuine_id).count() == 1
     assert broker_redis().llen(reply_key("default", genuine_id)) == 0
+    # Another enrolled runner of the same pool, with its own valid key, asking for this call:
+    # it is not running there.
+    other_key = generate_private_key_pem()
+    other = runner_enroll(
+        actor=system_principal("tests"),
+        pool="default",
+        public_key_pem=public_key_pem(other_key).decode(),
+    )
+    other_id = new_request_id()
+    send_request(
+        sign_adapter_request(
+            call_id=running.public_id,
+            command_digest=running.command_digest,
+            request={"adapter": "github", "operation": "issues.list", "args": {}},
+            private_key=other_key,
+            runner_id=other.public_id,
+            lifetime_s=60,
+            request_id=other_id,
+        )
+    )
+    refused = answer_to(other_id, running)
+    assert refused.outcome == "refused" and refused.error["code"] == "call_not_running"
+    assert not BrokeredRequest.objects.filter(request_id=other_id).exists()
     finished(e2e, running)
 
 
