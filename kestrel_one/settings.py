@@ -499,7 +499,13 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
 # Every control-plane task runs on the control queue (runners have their own app and queues).
-CELERY_TASK_ROUTES = {"control.*": {"queue": "control"}}
+# Except the control tier's calls (adapter.invoke, model.invoke): their own queue, consumed
+# by the adapter worker only (exact names win over the pattern).
+CELERY_TASK_ROUTES = {
+    "control.adapter_invoke": {"queue": "adapters"},
+    "control.model_invoke": {"queue": "adapters"},
+    "control.*": {"queue": "control"},
+}
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": KESTREL_MAX_CALL_SECONDS + 120}
 # Workers keep database connections across tasks under Django's CONN_MAX_AGE rule instead of
 # Celery's close-after-every-task (kestrel_one.celery); this turns Celery's own closing off.

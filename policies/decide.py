@@ -83,6 +83,12 @@ def decide(
     if grant.approval == APPROVAL_ALWAYS:
         grounds.append(f"{capability} requires a person's approval for every use")
         return Decision(NEEDS_APPROVAL, capability, tuple(grounds), version, limits)
+    if request.external_effect:
+        grounds.append(
+            f"'{request.adapter}.{request.operation}' has an external effect, which always "
+            "requires a person's approval of the exact action"
+        )
+        return Decision(NEEDS_APPROVAL, capability, tuple(grounds), version, limits)
     return Decision(ALLOW, capability, tuple(grounds), version, limits)
 
 

@@ -37,6 +37,11 @@ class Request:
     # in to it by name (SPEC POL-8). Set by the registry from server configuration, never
     # from model or tool output.
     mcp_dangerous: bool = False
+    # adapter.invoke: the operation has an external effect (a comment posted, a message
+    # sent). It then always needs a person's approval bound to the exact action, whatever
+    # the grant's ``approval`` says (SPEC CRED-5). Set by the control plane from its static
+    # adapter registry, never from the caller or from model or tool output.
+    external_effect: bool = False
     # Resource limits the caller asks for (timeout_s, memory_mb, ...); each must stay at or
     # under the policy's ceiling.
     limits: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))

@@ -3,6 +3,7 @@
 from django.urls import path
 
 from kestrel_one.accounts.api import TokenViewSet
+from kestrel_one.adapters.api import AdapterRegistryView
 from kestrel_one.api.views import DocsView, HealthView, KeysView, SchemaView
 from kestrel_one.artifacts.api import (
     ArtifactShareViewSet,
@@ -60,6 +61,7 @@ urlpatterns = [
     path("schema", SchemaView.as_view(), name="schema"),
     path("docs", DocsView.as_view(url_name="api:schema"), name="docs"),
     path("tools", ToolInventoryView.as_view(), name="tools"),
+    path("adapters", AdapterRegistryView.as_view(), name="adapters"),
     path("keys", KeysView.as_view(), name="keys"),
     path("orgs", OrganizationListViewSet.as_view({"get": "list"}), name="org-list"),
     path(ORG, OrganizationViewSet.as_view({"get": "retrieve"}), name="org-detail"),

@@ -272,6 +272,10 @@ def _mask_keyed(item: Any) -> Any:
     # Emptiness and booleans hide nothing and say something useful ("no password set").
     if item is None or isinstance(item, bool) or item in ("", [], {}):
         return item
+    # One of our public ids names a record, never holds its secret ("credential":
+    # "crd_...", "token": "tok_..."): a person approving a call must see which one it uses.
+    if isinstance(item, str) and _PUBLIC_ID.fullmatch(item):
+        return item
     return MASK
 
 

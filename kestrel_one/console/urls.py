@@ -3,7 +3,15 @@ its module; this file only puts them together."""
 
 from django.urls import path
 
-from kestrel_one.console import administration, approvals, credentials, dashboard, policy, views
+from kestrel_one.console import (
+    adapters,
+    administration,
+    approvals,
+    credentials,
+    dashboard,
+    policy,
+    views,
+)
 
 urlpatterns = [
     path("console/", views.home, name="console_home"),
@@ -13,4 +21,5 @@ urlpatterns = [
     *policy.urlpatterns,
     *administration.urlpatterns,
     *credentials.urlpatterns,
+    *adapters.urlpatterns,
 ]

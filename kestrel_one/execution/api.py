@@ -270,6 +270,7 @@ class ReceiptSerializer(RedactedSerializer):
             "sandbox",
             "command_digest",
             "report_digest",
+            "evidence",
             "started_at",
             "finished_at",
             "created_at",

@@ -207,6 +207,10 @@ class Receipt(models.Model):
     sandbox = models.CharField(max_length=32, blank=True)
     command_digest = models.CharField(max_length=64, blank=True)
     report_digest = models.CharField(max_length=64, blank=True)
+    # A control-tier call's evidence (``runner`` is then "control-tier"): for adapter.invoke
+    # the resource, the request's hash, the response's status, hash and size, the credential
+    # record and fingerprint used (``released``); never a credential.
+    evidence = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

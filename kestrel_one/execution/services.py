@@ -40,7 +40,7 @@ from kestrel_one.execution.models import (
     Runner,
 )
 from kestrel_one.execution.signals import action_ended_notify
-from kestrel_one.governance.judging import call_judge, tool_call_request
+from kestrel_one.governance.judging import call_admit, call_judge, tool_call_request
 from kestrel_one.governance.selectors import policy_version_label, policy_versions_lock
 from kestrel_one.tenancy.models import Project
 from kestrel_one.threads.models import Thread
@@ -58,7 +58,15 @@ from policies import (
     resolve_mode,
 )
 from runners.contract.canonical import digest, token_digest
-from runners.contract.names import COMMAND_ISSUER, EXECUTE_TASK, command_audience, runner_queue
+from runners.contract.names import (
+    ADAPTERS_QUEUE,
+    COMMAND_ISSUER,
+    CONTROL_TIER_TASKS,
+    EXECUTE_TASK,
+    command_audience,
+    runner_queue,
+)
+from runners.contract.registry import get_tool
 from runners.contract.tokens import (
     ProtocolError,
     ResultRefused,
@@ -66,6 +74,7 @@ from runners.contract.tokens import (
     unverified_runner_id,
     verify_result,
 )
+from runners.contract.toolspec import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +160,15 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         raise ThreadEnded(THREAD_ENDED_MESSAGE)
     project = thread.project
     tool_spec, canonical, policy_request = tool_call_request(tool, args)
+    # A control-tier call's credential reference, checked for this requester (and a default
+    # made explicit, so the digest binds it); other tools' arguments are unchanged.
+    canonical = call_admit(
+        tool=tool_spec,
+        canonical=canonical,
+        organization=project.organization,
+        user=actor.user,
+        token=actor.token,
+    )
     args_digest = digest(canonical)
     plan = None
     if plan_step is not None:
@@ -223,11 +241,13 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         flags=flags,
     )
     command = None
+    control_tier = tool_spec.tier == Tier.CONTROL
     if action.state == ActionState.QUEUED:
-        # Signed now, from the row being written, so that after commit dispatch only sends.
         action.attempt = 1
-        command = _signed_command(action, args=canonical)
-        action.command_digest = token_digest(command)
+        if not control_tier:
+            # Signed now, from the row being written, so that after commit dispatch only sends.
+            command = _signed_command(action, args=canonical)
+            action.command_digest = token_digest(command)
     action.save(force_insert=True)
     if action.state == ActionState.DENIED:
         action_ended_notify(action, action.state)
@@ -270,6 +290,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     )
     if command is not None:
         transaction.on_commit(lambda: _command_send(action, command))
+    elif control_tier and action.state == ActionState.QUEUED:
+        transaction.on_commit(lambda: _control_send(action))
     return action
 
 
@@ -307,10 +329,17 @@ def action_dispatch(*, action_id: int) -> bool:
             if action.state != ActionState.QUEUED:
                 return False
         action.attempt += 1
-        token = _signed_command(action, args=action_arguments(action))
-        Action.objects.filter(pk=action.pk).update(
-            attempt=action.attempt, command_digest=token_digest(token)
-        )
+        if get_tool(action.tool).tier == Tier.CONTROL:
+            # Never signed to a runner: the control tier reads the action itself.
+            Action.objects.filter(pk=action.pk).update(attempt=action.attempt)
+            token = None
+        else:
+            token = _signed_command(action, args=action_arguments(action))
+            Action.objects.filter(pk=action.pk).update(
+                attempt=action.attempt, command_digest=token_digest(token)
+            )
+    if token is None:
+        return _control_send(action)
     return _command_send(action, token)
 
 
@@ -434,13 +463,23 @@ def _signed_command(action: Action, *, args: dict) -> str:
 
 def _command_send(action: Action, token: str) -> bool:
     """Hand a signed command to the broker, then mark the action dispatched."""
+    return _send(action, EXECUTE_TASK, [token], runner_queue(action.pool))
+
+
+def _control_send(action: Action) -> bool:
+    """Hand a control-tier call (its action id only) to the control tier's queue, then mark
+    the action dispatched. The worker there reads the exact arguments from the action."""
+    return _send(action, CONTROL_TIER_TASKS[action.tool], [action.public_id], ADAPTERS_QUEUE)
+
+
+def _send(action: Action, task: str, args: list, queue: str) -> bool:
     if not broker_status().reachable:
         # Not even tried: a send to a broker that does not answer can block for seconds.
         logger.warning("the broker does not answer; %s waits for the sweep", action.public_id)
         _dispatch_pending(action)
         return False
     try:
-        app.send_task(EXECUTE_TASK, args=[token], queue=runner_queue(action.pool))
+        app.send_task(task, args=args, queue=queue)
     except Exception:
         logger.exception("dispatch of %s failed; the sweep will send it again", action.public_id)
         _dispatch_pending(action)
@@ -763,6 +802,15 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
 COMMAND_EXPIRED = ("command_expired", "No runner took the command before it expired.")
 RUNNER_LOST = ("runner_lost", "The runner stopped reporting before the call finished.")
 APPROVAL_EXPIRED = ("approval_expired", "Nobody decided before the approval window closed.")
+# The same endings said of a control-tier call, which no runner takes.
+CONTROL_TIER_MESSAGES = {
+    COMMAND_EXPIRED[0]: "No control-tier worker (queue adapters) took the call before it expired.",
+    RUNNER_LOST[0]: "The control-tier worker stopped reporting before the call finished.",
+}
+
+
+def _control_tier(action: Action) -> bool:
+    return get_tool(action.tool).tier == Tier.CONTROL
 
 
 def calls_sweep(*, now=None) -> dict:
@@ -796,7 +844,8 @@ def calls_sweep(*, now=None) -> dict:
     for counter, condition, from_state, to_state, (code, message) in endings:
         overdue = Action.objects.filter(condition, state=from_state)
         for action in overdue.select_related("thread", "organization"):
-            if end_action(action, from_state, to_state, code, message):
+            said = CONTROL_TIER_MESSAGES.get(code, message) if _control_tier(action) else message
+            if end_action(action, from_state, to_state, code, said):
                 ended[counter] += 1
     ended["idempotency_keys_deleted"], _ = IdempotencyKey.objects.filter(
         created_at__lt=now - timedelta(seconds=settings.KESTREL_IDEMPOTENCY_TTL_SECONDS)
@@ -833,3 +882,135 @@ def end_action(action: Action, from_state: str, to_state: str, code: str, messag
             data={"error": error},
         )
     return bool(moved)
+
+
+# The receipt's ``runner`` for a call the control tier made (no runner took part).
+CONTROL_TIER_RUNNER = "control-tier"
+
+
+def control_call_claim(*, action_id: str, tool: str) -> Action | None:
+    """Take a queued control-tier call for the worker that received it: queued -> running,
+    once (a conditional update), with its "started" event. None when it is not queued (ended
+    meanwhile: expired, cancelled, redecided; or already taken by an earlier delivery).
+
+    Decided again first, under the policy locks, as a runner command is when it is signed
+    (``action_dispatch``): nothing signed carries the version here, so the version current
+    when the call starts is the one it runs under, and a narrowing published since denies it
+    (or sends it back to a person) before anything is released or sent.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        project_id = (
+            Action.objects.filter(public_id=action_id, tool=tool)
+            .values_list("project_id", flat=True)
+            .first()
+        )
+        if project_id is None:
+            return None
+        policy_versions_lock(Project.objects.get(pk=project_id))
+        action = (
+            Action.objects.select_for_update(of=("self",))
+            .select_related("organization", "environment", "project", "thread")
+            .filter(public_id=action_id, tool=tool, state=ActionState.QUEUED)
+            .first()
+        )
+        if action is None:
+            return None
+        decision = action_redecision(action)
+        if decision is not None:
+            action_redecide(action, decision)
+            if action.state != ActionState.QUEUED:
+                return None
+        action.state = ActionState.RUNNING
+        action.started_at = now
+        action.deadline_at = _running_deadline(action, now)
+        Action.objects.filter(pk=action.pk).update(
+            state=action.state, started_at=now, deadline_at=action.deadline_at
+        )
+        event_append(
+            thread=action.thread,
+            kind="action.started",
+            action=action,
+            data={
+                "action": action.public_id,
+                "runner": CONTROL_TIER_RUNNER,
+                "attempt": action.attempt,
+            },
+        )
+    return action
+
+
+@transaction.atomic
+def control_call_finish(*, action: Action, outcome: str, result, error, evidence: dict) -> str:
+    """Record how a control-tier call ended, once: the action's result, its receipt (with
+    ``evidence``: request and response hashes and sizes, never a credential), the
+    "finished" event and the audit record. The one ending path of every control-tier tool
+    (adapter.invoke, model.invoke).
+
+    ``result``, ``error`` and ``evidence`` must already be secret-free: the caller masks the
+    credential it released wherever the upstream echoed it; everything is redacted again
+    here, as every recorded result is. Returns the state, or "duplicate-finish" when the
+    action had already ended (the sweep called it lost, say).
+    """
+    if outcome not in ("succeeded", "failed"):
+        raise ValueError(f"unknown outcome {outcome!r}")
+    now = timezone.now()
+    result = json_storable(redact_result(utf8_encodable(result)))
+    error = json_storable(redact_result(error))
+    evidence = json_storable(redact(evidence))
+    state = ActionState.SUCCEEDED if outcome == "succeeded" else ActionState.FAILED
+    started_at = action.started_at or now
+    moved = Action.objects.filter(
+        pk=action.pk, state__in=[ActionState.QUEUED, ActionState.RUNNING]
+    ).update(
+        state=state,
+        finished_at=now,
+        result=result,
+        error=error,
+        sealed_args="",
+        started_at=started_at,
+    )
+    if not moved:
+        return "duplicate-finish"
+    action_ended_notify(action, state)
+    receipt = Receipt.objects.create(
+        action=action,
+        organization=action.organization,
+        call_id=action.public_id,
+        tool=action.tool,
+        args=action.args,
+        args_digest=action.args_digest,
+        action_digest=action.action_digest,
+        scope=action_scope(action),
+        outcome=outcome,
+        result=result,
+        error=error,
+        policy_version=action.policy_version,
+        decision=action.decision,
+        runner=CONTROL_TIER_RUNNER,
+        sandbox="",
+        evidence=evidence,
+        started_at=started_at,
+        finished_at=now,
+    )
+    event_append(
+        thread=action.thread,
+        kind="action.finished",
+        action=action,
+        data={
+            "action": action.public_id,
+            "state": state,
+            "receipt": receipt.public_id,
+            "error": error,
+            "runner": CONTROL_TIER_RUNNER,
+        },
+    )
+    audit_record(
+        organization=action.organization,
+        actor=system_principal(CONTROL_TIER_RUNNER),
+        action="action.finish",
+        target=action,
+        outcome=state,
+        data={"receipt": receipt.public_id, "error": error, "evidence": evidence},
+    )
+    return state

@@ -184,6 +184,7 @@ class ToolInventoryView(APIView):
                         "capability": spec.capability,
                         "summary": spec.summary,
                         "idempotent": spec.idempotent,
+                        "tier": spec.tier.value,
                         "input_schema": spec.input_schema,
                     }
                     for spec in sorted(TOOLS.values(), key=lambda s: s.name)

@@ -2,15 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from difflib import get_close_matches
+from typing import Any
 
-from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.common.errors import Unavailable, ValidationFailed
 from kestrel_one.governance.selectors import EffectivePolicy, effective_policy
 from policies import DENY, NEEDS_APPROVAL, Decision, Mode, Policy, Request, decide
 from runners.contract.arguments import output_read_requests
 from runners.contract.errors import InvalidArguments, UnknownTool
 from runners.contract.registry import TOOLS, get_tool, validate_args
+from runners.contract.toolspec import Tier
+
+
+@dataclass(frozen=True)
+class ControlToolChecks:
+    """What the control plane checks of a control-tier tool's call beyond its schema.
+
+    ``request(canonical, request)``: pure checks against what only the control plane knows
+    (the adapter registry), returning the policy request to judge (e.g. with the operation's
+    effect); raises ``ValidationFailed`` naming the field. ``admit(organization=, user=,
+    token=, canonical=)``: checks that read the database (a credential reference usable by
+    this requester), returning the canonical arguments to record (a default reference made
+    explicit, so the digest binds it). Registered by the app that owns the tool (its
+    ``AppConfig.ready``): this layer cannot import it.
+    """
+
+    request: Callable[[dict, Request], Request]
+    admit: Callable[..., dict]
+
+
+CONTROL_TOOL_CHECKS: dict[str, ControlToolChecks] = {}
+
+
+def control_tool_checks_register(tool_name: str, checks: ControlToolChecks) -> None:
+    if get_tool(tool_name).tier != Tier.CONTROL:
+        raise TypeError(f"{tool_name} is not a control-tier tool")
+    CONTROL_TOOL_CHECKS[tool_name] = checks
+
+
+def _control_checks(tool) -> ControlToolChecks:
+    checks = CONTROL_TOOL_CHECKS.get(tool.name)
+    if checks is None:
+        # Fail closed: a control-tier tool whose checks are not installed is not callable.
+        raise Unavailable(f"{tool.name} is not available here: its control tier is not installed.")
+    return checks
 
 
 def tool_call_request(tool_name: str, args):
@@ -28,7 +65,20 @@ def tool_call_request(tool_name: str, args):
         canonical = validate_args(tool.name, args)
     except InvalidArguments as exc:
         raise ValidationFailed(str(exc), details={exc.field: [exc.reason]}) from None
-    return tool, canonical, tool.capability_request(canonical)
+    request = tool.capability_request(canonical)
+    if tool.tier == Tier.CONTROL:
+        request = _control_checks(tool).request(canonical, request)
+    return tool, canonical, request
+
+
+def call_admit(*, tool, canonical: dict, organization, user, token) -> dict[str, Any]:
+    """The canonical arguments to record for a call by this requester, after the checks
+    that read the database (control-tier tools only; others are returned unchanged)."""
+    if tool.tier != Tier.CONTROL:
+        return canonical
+    return _control_checks(tool).admit(
+        organization=organization, user=user, token=token, canonical=canonical
+    )
 
 
 def unknown_tool_message(tool_name) -> str:

@@ -27,6 +27,7 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
 from kestrel_one.local.runtime import die_with_parent, runtime_paths
+from runners.contract.names import ADAPTERS_QUEUE, CONTROL_QUEUE
 from runners.contract.tokens import generate_private_key_pem, public_key_pem
 
 # Only what a process needs to run at all; the runner gets nothing else from our environment.
@@ -121,9 +122,15 @@ def _local_broker_password(runner: Runner, folder) -> os.PathLike:
     return path
 
 
-def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = None) -> list[str]:
+def control_worker_argv(
+    *,
+    concurrency: int = 2,
+    beat_schedule: str | None = None,
+    queues: tuple[str, ...] = (CONTROL_QUEUE,),
+) -> list[str]:
     """The control worker's command line: queue ``control`` only, and the scheduler with it
-    when a schedule file is given (one scheduler per deployment)."""
+    when a schedule file is given (one scheduler per deployment). With ``queues=
+    (ADAPTERS_QUEUE,)`` it is the control tier's adapter worker (``adapters_worker_argv``)."""
     argv = [
         sys.executable,
         "-m",
@@ -132,7 +139,7 @@ def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = Non
         "kestrel_one.celery",
         "worker",
         "-Q",
-        "control",
+        ",".join(queues),
         "--concurrency",
         str(concurrency),
         "--without-gossip",
@@ -143,6 +150,17 @@ def control_worker_argv(*, concurrency: int = 2, beat_schedule: str | None = Non
     if beat_schedule:
         argv += ["--beat", "--schedule", beat_schedule]
     return argv
+
+
+def adapters_worker_argv(*, concurrency: int = 2) -> list[str]:
+    """The control tier's adapter worker: queue ``adapters`` only (adapter.invoke,
+    model.invoke). Its own process, so that a slow provider never holds up the control
+    queue's reports and sweeps, and so that only it needs the credentials key."""
+    return [
+        *control_worker_argv(concurrency=concurrency, queues=(ADAPTERS_QUEUE,)),
+        "-n",
+        "adapters@%h",
+    ]
 
 
 def start_local_workers(stdout) -> list[subprocess.Popen]:
@@ -162,15 +180,22 @@ def start_local_workers(stdout) -> list[subprocess.Popen]:
         env=os.environ.copy(),
         preexec_fn=die_with_parent,  # serve starts no thread before its workers
     )
+    adapters = subprocess.Popen(
+        adapters_worker_argv(concurrency=settings.KESTREL_LOCAL_CONCURRENCY),
+        env=os.environ.copy(),
+        preexec_fn=die_with_parent,
+    )
     if runner_env is None:
-        return [control]
+        return [control, adapters]
     runner = subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", slots],
         env=runner_env,
         preexec_fn=die_with_parent,
     )
-    stdout.write(f"Control worker and runner started (pool {settings.KESTREL_DEFAULT_POOL}).")
-    return [control, runner]
+    stdout.write(
+        f"Control worker, adapter worker and runner started (pool {settings.KESTREL_DEFAULT_POOL})."
+    )
+    return [control, adapters, runner]
 
 
 def stop_local_workers(children: list[subprocess.Popen]) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 __all__ = [
     "ADAPTER_REQUEST_TASK",
+    "ADAPTERS_QUEUE",
     "COMMAND_ISSUER",
     "CONTROL_QUEUE",
     "CONTROL_TASK",
+    "CONTROL_TIER_TASKS",
     "EXECUTE_TASK",
     "HEARTBEAT_TASK",
     "REPORT_QUEUE",
@@ -38,6 +40,15 @@ ADAPTER_REQUEST_TASK = "control.adapter_request"
 # messages (the pool's fanout exchange).
 EXECUTE_TASK = "runner.execute"
 CONTROL_TASK = "runner.control"
+
+# Control-tier tools (``Tier.CONTROL``): never signed to a runner. Their calls are sent, by
+# action id, as these tasks on ``ADAPTERS_QUEUE``, which only control-tier workers consume
+# (they hold the credentials key; runners and the control queue's worker need not).
+ADAPTERS_QUEUE = "adapters"
+CONTROL_TIER_TASKS = {
+    "adapter.invoke": "control.adapter_invoke",
+    "model.invoke": "control.model_invoke",
+}
 
 
 def runner_queue(pool: str) -> str:

@@ -41,6 +41,7 @@ from runners.contract.names import (
     command_audience,
 )
 from runners.contract.registry import get_tool, validate_args
+from runners.contract.toolspec import Tier
 
 __all__ = [
     "ALGORITHM",
@@ -382,6 +383,10 @@ def verify_command(
         tool = get_tool(claims["tool"])
     except UnknownTool as error:
         raise CommandRefused("unknown_tool", str(error)) from None
+    if tool.tier != Tier.RUNNER:
+        # A control-tier tool needs what a runner never holds (a credential): even a command
+        # signed for it is refused before anything runs.
+        raise CommandRefused("control_tier_tool", f"{tool.name} runs in the control tier only")
     try:
         claims["args"] = validate_args(tool.name, claims["args"])
     except InvalidArguments as error:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from policies.request import Request
 
-__all__ = ["Captures", "ProcessOutcome", "Sandbox", "ToolContext", "ToolSpec"]
+__all__ = ["Captures", "ProcessOutcome", "Sandbox", "Tier", "ToolContext", "ToolSpec"]
 
 
 class Captures(StrEnum):
@@ -28,6 +28,19 @@ class Captures(StrEnum):
     OUTPUTS = "outputs"
     # The result is a workspace archive kept as a checkpoint.
     CHECKPOINT = "checkpoint"
+
+
+class Tier(StrEnum):
+    """Where a tool runs.
+
+    ``runner``: on a runner, from a command the control plane signs. ``control``: in the
+    control tier (a Celery queue of its own, ``runners.contract.names.CONTROL_TIER_TASKS``),
+    because it needs what a runner must never hold (a provider credential: RUN-7, CRED-2); a
+    control-tier tool is never signed to a runner, and a runner refuses one.
+    """
+
+    RUNNER = "runner"
+    CONTROL = "control"
 
 
 class ProcessOutcome(Protocol):
@@ -81,6 +94,8 @@ class ToolSpec:
     them once; the runner may retry an interrupted call only when it is true.
     ``runs_process`` says the call starts a process, so it runs only in a probed sandbox.
     ``captures`` says what the control plane keeps from a succeeded result.
+    ``tier`` says where it runs (``Tier``); a control-tier tool's ``implementation`` only
+    refuses, its work is the control tier's task.
     """
 
     name: str
@@ -92,6 +107,7 @@ class ToolSpec:
     implementation: Implementation
     runs_process: bool = False
     captures: Captures = Captures.NOTHING
+    tier: Tier = Tier.RUNNER
 
     def capability_request(self, args: Mapping[str, Any]) -> Request:
         """The policy request for already validated ``args``."""

@@ -388,6 +388,8 @@ ADMINISTRATION: dict[str, Page] = {
         posts=(Post(body=lambda world: {}, expect=dict(NOT_MEMBERS)),),
     ),
     "console_runners": Page(get=dict(ADMINS)),
+    # The static registry and which environments enable what: every member reads it.
+    "console_adapters": Page(),
     "console_runner_revoke": Page(
         fill=lambda world: {"run": world.runner.public_id},
         foreign=foreign_runner,

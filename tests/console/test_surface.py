@@ -85,6 +85,7 @@ NOT_SECRET_FIELDS = {
     "audit.AuditRecord.prev_hash": "the audit chain's links",
     "audit.AuditRecord.hash": "the audit chain's links",
     "execution.Runner.public_key": "a public key",
+    "adapters.AdapterInvocation.idempotency_key": "the caller's own idempotency key, no secret",
     "execution.Action.requested_by_token": "a reference to a token row",
     "execution.Approval.decided_by_token": "a reference to a token row",
     "execution.Plan.proposed_by_token": "a reference to a token row",

@@ -26,6 +26,7 @@ def test_registry_holds_exactly_the_first_tool_set():
         "code.python",
         "workspace.checkpoint",
         "workspace.restore",
+        "adapter.invoke",
     }
 
 
