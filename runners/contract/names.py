@@ -7,8 +7,8 @@ each is spelled here once.
 from __future__ import annotations
 
 __all__ = [
-    "ADAPTER_REQUEST_TASK",
     "ADAPTERS_QUEUE",
+    "ADAPTER_REQUEST_TASK",
     "COMMAND_ISSUER",
     "CONTROL_QUEUE",
     "CONTROL_TASK",
