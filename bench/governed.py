@@ -147,8 +147,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve(database_url: str) -> Iterator[Server]:
-    """``manage.py serve`` in single-host mode with a Docker runner; stopped afterwards."""
+def serve(database_url: str, *, extra_env: dict[str, str] | None = None) -> Iterator[Server]:
+    """``manage.py serve`` in single-host mode with a Docker runner; stopped afterwards.
+    ``extra_env`` is added to serve's environment (the adapter bench's egress overrides)."""
     redis.Redis.from_url(BROKER).flushdb()
     data_dir = Path(tempfile.mkdtemp(prefix="kestrel-bench-"))
     port = free_port()
@@ -163,6 +164,7 @@ def serve(database_url: str) -> Iterator[Server]:
         KESTREL_SANDBOX="docker",
         DJANGO_SETTINGS_MODULE="kestrel_one.settings",
     )
+    env.update(extra_env or {})
     log_path = data_dir / "serve.log"
     log = open(log_path, "w+")  # closed below, after the process
     process = subprocess.Popen(
@@ -245,10 +247,11 @@ class Workspace:
         return time.perf_counter() - started, body
 
 
-def prepare(server: Server) -> Workspace:
+def prepare(server: Server, *, policy: dict | None = None) -> Workspace:
     """The environment, its policy and the project: a person's work, not the agent's."""
     env = server.call("POST", "/orgs/local/environments", {"name": "bench"}, 201, as_person=True)
-    server.call("PUT", f"/orgs/local/environments/{env['id']}/policy", POLICY, as_person=True)
+    document = policy or POLICY
+    server.call("PUT", f"/orgs/local/environments/{env['id']}/policy", document, as_person=True)
     project = server.call(
         "POST",
         "/orgs/local/projects",

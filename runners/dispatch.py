@@ -31,6 +31,7 @@ def run_verified(
     labels: Mapping[str, str],
     read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES,
     write_budget_bytes: int = 0,
+    adapter_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run one call whose ``args`` were already validated for ``tool_name``.
 
@@ -39,10 +40,14 @@ def run_verified(
     tools that run no process. With ``write_budget_bytes`` the call may grow its workspace,
     which must then be a mounted quota filesystem, by that much at most
     (``runners.write_budget``); one that uses it up fails ``write_budget_exceeded``.
+    ``adapter_dir`` is the call's adapter broker directory, mounted into its sandbox
+    (``runners.adapter_broker``).
     """
     tool = get_tool(tool_name)
     workspace = Path(workspace)
-    sandbox = ConfinedSandbox(backend, workspace=workspace, limits=limits, labels=labels)
+    sandbox = ConfinedSandbox(
+        backend, workspace=workspace, limits=limits, labels=labels, adapter_dir=adapter_dir
+    )
     context = ToolContext(
         workspace=workspace, sandbox=sandbox, read_max_file_bytes=read_max_file_bytes
     )

@@ -7,6 +7,7 @@ delivery; tests build it directly on real call state.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -24,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from runners import dispatch
+from runners.adapter_broker import AdapterBroker, AdapterTransport
 from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper, is_reported
 from runners.config import RunnerConfig
 from runners.contract.canonical import token_digest
@@ -85,6 +87,9 @@ class Runner:
     end_thread: Callable[[str, str], int] = field(default=lambda project, thread: 0)
     # Starts the timer of a delayed "started" report (tests drive it by hand).
     start_timer: StartTimer = daemon_timer
+    # How a process call's adapter broker reaches the control plane (runners.adapter_broker);
+    # None: process calls get no broker (no socket is mounted).
+    adapter_transport: AdapterTransport | None = None
 
     # --- entry point ---------------------------------------------------------------
 
@@ -300,7 +305,7 @@ class Runner:
                 timer=self.start_timer,
             )
             try:
-                outcome, result, error, sandbox = self._execute(command)
+                outcome, result, error, sandbox = self._execute(command, started)
             finally:
                 started.finish()
             token = self._finished(
@@ -320,7 +325,7 @@ class Runner:
         self._log("call_finished", call_id=command.jti, outcome=outcome, tool=command.tool)
 
     def _execute(
-        self, command: Command
+        self, command: Command, started: StartedReport | None = None
     ) -> tuple[str, dict[str, Any] | None, dict[str, str] | None, str | None]:
         """Run the tool; every failure becomes a typed error, nothing escapes unsandboxed."""
         backend: SandboxBackend | None = None
@@ -328,18 +333,34 @@ class Runner:
             workspace = workspace_for(
                 self.config.workspace_root, command.prj, quota_mb=self.config.workspace_quota_mb
             )
-            if get_tool(command.tool).runs_process:
-                backend = self.choose_backend(self.config.sandbox)
-            result = dispatch.run_verified(
-                command.tool,
-                command.args,
-                workspace=workspace,
-                backend=backend,
-                limits=self._limits(command),
-                labels=self._labels(command),
-                read_max_file_bytes=self.config.read_max_file_bytes,
-                write_budget_bytes=self.config.call_write_budget_bytes,
-            )
+            limits = self._limits(command)
+            with contextlib.ExitStack() as stack:
+                adapter_dir = None
+                if get_tool(command.tool).runs_process:
+                    backend = self.choose_backend(self.config.sandbox)
+                    broker = self._adapter_broker(command, limits, started, backend)
+                    if broker is not None:
+                        try:
+                            adapter_dir = stack.enter_context(broker).directory
+                        except OSError as error:
+                            # The call runs; only its adapter requests have nowhere to go.
+                            self._log(
+                                "adapter_broker_unavailable",
+                                level=logging.ERROR,
+                                call_id=command.jti,
+                                error=f"{type(error).__name__}: {error}"[:300],
+                            )
+                result = dispatch.run_verified(
+                    command.tool,
+                    command.args,
+                    workspace=workspace,
+                    backend=backend,
+                    limits=limits,
+                    labels=self._labels(command),
+                    read_max_file_bytes=self.config.read_max_file_bytes,
+                    write_budget_bytes=self.config.call_write_budget_bytes,
+                    adapter_dir=adapter_dir,
+                )
         except RunnerError as error:
             outcome = ("failed", None, {"code": error.code, "message": str(error)})
             return (*outcome, self._sandbox_name(command, backend))
@@ -348,6 +369,33 @@ class Runner:
             error_body = {"code": "internal_error", "message": "the runner failed unexpectedly"}
             return "failed", None, error_body, self._sandbox_name(command, backend)
         return "succeeded", result, None, self._sandbox_name(command, backend)
+
+    def _adapter_broker(
+        self,
+        command: Command,
+        limits: ExecLimits,
+        started: StartedReport | None,
+        backend: SandboxBackend,
+    ) -> AdapterBroker | None:
+        """The call's adapter broker, open for as long as the call runs (CRED-3); its wait
+        for an answer is bounded by the call's own timeout."""
+        if self.adapter_transport is None:
+            return None
+        return AdapterBroker(
+            call_id=command.jti,
+            command_digest=command.command_digest,
+            runner_id=self.config.runner_id,
+            pool=self.config.pool,
+            private_key=self.private_key,
+            control_public_key=self.control_public_key,
+            transport=self.adapter_transport,
+            deadline=time.monotonic() + limits.timeout_s,
+            # The control plane answers only for a call it sees running on this runner.
+            before_request=started.send_now if started is not None else (lambda: None),
+            # A backend may want the sockets somewhere of its own (warm containers: on the
+            # filesystem of their directories); otherwise KESTREL_ADAPTER_BROKER_DIR.
+            root=getattr(backend, "adapter_root", None),
+        )
 
     @staticmethod
     def _sandbox_name(command: Command, backend: SandboxBackend | None) -> str:

@@ -64,6 +64,13 @@ class StartedReport:
             # informational, the finished report is what must arrive.
             log.exception("the started report failed")
 
+    def send_now(self) -> None:
+        """Send the started report now if it was not sent yet (the call is about to ask the
+        control plane for something that needs it running: a brokered adapter request)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._fire()
+
     def finish(self) -> None:
         """The call ended: cancel the timer, and make sure a late one sends nothing."""
         if self._timer is not None:

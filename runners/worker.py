@@ -30,10 +30,13 @@ from celery.signals import (
 )
 from kombu.common import Broadcast
 
+from runners.adapter_broker import RedisAdapterTransport
 from runners.callstate import CallState
 from runners.config import RunnerConfig
+from runners.contract.broker import is_redis_url, redis_client_url
 from runners.contract.broker_access import pool_namespace, runner_transport_options
 from runners.contract.names import (
+    ADAPTER_REQUEST_TASK,
     CONTROL_TASK,
     EXECUTE_TASK,
     HEARTBEAT_TASK,
@@ -140,6 +143,15 @@ def current_runner() -> Runner:
                     if docker_capable
                     else (lambda project, thread: 0)
                 ),
+                # Answers are pushed on the broker's Redis, where the control plane is.
+                adapter_transport=RedisAdapterTransport(
+                    send_task=send_adapter_request,
+                    redis_url=(
+                        redis_client_url(config.broker_url)
+                        if is_redis_url(config.broker_url)
+                        else config.state_url
+                    ),
+                ),
             )
             _process_runner = (os.getpid(), runner)
         return _process_runner[1]
@@ -221,6 +233,16 @@ def send_report(result_token: str) -> None:
     table, which a runner's broker user may only read; the control plane declares it.
     """
     app.send_task(REPORT_TASK, args=[result_token], queue=REPORT_QUEUE, declare=[])
+
+
+def send_adapter_request(request_token: str) -> None:
+    """Send a workload's signed adapter request (runners.adapter_broker) to the control plane.
+
+    From a broker thread, while the worker's own thread waits for its call's sandbox; the
+    producer pool hands each thread a connection of its own. Not declared (``declare=[]``),
+    as a report.
+    """
+    app.send_task(ADAPTER_REQUEST_TASK, args=[request_token], queue=REPORT_QUEUE, declare=[])
 
 
 def send_heartbeat(heartbeat_token: str) -> None:

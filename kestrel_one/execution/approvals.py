@@ -23,6 +23,7 @@ from kestrel_one.execution.services import (
     action_scope,
     end_action,
 )
+from kestrel_one.execution.signals import action_ended_notify
 from kestrel_one.governance.selectors import policy_versions_lock
 from kestrel_one.threads.services import event_append, thread_require_open
 from policies import DENY
@@ -156,6 +157,8 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | 
         # A denied call is never signed: its exact arguments are not kept.
         **({} if approve else {"sealed_args": ""}),
     )
+    if not approve:
+        action_ended_notify(action, new_state)
     event_append(
         thread=action.thread,
         kind=f"action.{decision}",

@@ -39,6 +39,7 @@ from kestrel_one.execution.models import (
     Receipt,
     Runner,
 )
+from kestrel_one.execution.signals import action_ended_notify
 from kestrel_one.governance.judging import call_admit, call_judge, tool_call_request
 from kestrel_one.governance.selectors import policy_version_label, policy_versions_lock
 from kestrel_one.tenancy.models import Project
@@ -248,6 +249,8 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
             command = _signed_command(action, args=canonical)
             action.command_digest = token_digest(command)
     action.save(force_insert=True)
+    if action.state == ActionState.DENIED:
+        action_ended_notify(action, action.state)
     event_append(
         thread=thread,
         kind="action.requested",
@@ -414,6 +417,8 @@ def action_redecide(action: Action, decision: Decision) -> None:
     if not moved:
         return
     action.state = state
+    if state in TERMINAL_STATES:
+        action_ended_notify(action, state)
     event_append(
         thread=action.thread,
         kind="action.decided",
@@ -745,6 +750,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     )
     if not moved:
         return "duplicate-finish"
+    action_ended_notify(action, state)
     if never_started:
         _append_started_event(action, runner, report)
     receipt = Receipt.objects.create(
@@ -860,6 +866,7 @@ def end_action(action: Action, from_state: str, to_state: str, code: str, messag
         state=to_state, error=error, finished_at=timezone.now(), sealed_args=""
     )
     if moved:
+        action_ended_notify(action, to_state)
         event_append(
             thread=action.thread,
             kind="action.finished",
@@ -965,6 +972,7 @@ def control_call_finish(*, action: Action, outcome: str, result, error, evidence
     )
     if not moved:
         return "duplicate-finish"
+    action_ended_notify(action, state)
     receipt = Receipt.objects.create(
         action=action,
         organization=action.organization,

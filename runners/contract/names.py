@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ADAPTERS_QUEUE",
+    "ADAPTER_REQUEST_TASK",
     "COMMAND_ISSUER",
     "CONTROL_QUEUE",
     "CONTROL_TASK",
@@ -32,6 +33,9 @@ CONTROL_QUEUE = "control"
 REPORT_TASK = "control.ingest_result"
 REPORT_QUEUE = CONTROL_QUEUE
 HEARTBEAT_TASK = "control.runner_heartbeat"
+# Runner -> control plane: a workload's signed adapter request, through the broker beside its
+# sandbox (runners.adapter_broker); the answer comes back on a list in the pool's namespace.
+ADAPTER_REQUEST_TASK = "control.adapter_request"
 # Control plane -> runner: one signed command (queue ``runner.<pool>``) and signed control
 # messages (the pool's fanout exchange).
 EXECUTE_TASK = "runner.execute"

@@ -28,6 +28,10 @@ from runners.workspace import Workspace
 SANDBOX_WORKSPACE = "/workspace"
 SANDBOX_TMP = "/tmp"  # noqa: S108 - a fresh, private tmpfs inside the sandbox
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The adapter broker's directory and socket (runners.adapter_broker), when a call has one.
+SANDBOX_ADAPTER_DIR = "/run/kestrel-adapter"
+SANDBOX_ADAPTER_SOCKET = f"{SANDBOX_ADAPTER_DIR}/adapter.sock"
+ADAPTER_SOCKET_VARIABLE = "KESTREL_ADAPTER_SOCKET"
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -85,6 +89,9 @@ class ExecSpec:
 
     ``env`` overlays the sandbox's environment; HOME, PATH and TMPDIR always keep the
     sandbox's values. ``labels`` (call id, project, thread...) mark the run for operators.
+    ``adapter_dir`` is the host directory of the call's adapter broker socket
+    (``runners.adapter_broker``): mounted read-only at ``SANDBOX_ADAPTER_DIR`` and named in
+    ``KESTREL_ADAPTER_SOCKET``; None, no broker (nothing is mounted).
     """
 
     argv: tuple[str, ...]
@@ -93,8 +100,11 @@ class ExecSpec:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     limits: ExecLimits = field(default_factory=ExecLimits)
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    adapter_dir: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.adapter_dir is not None and not Path(self.adapter_dir).is_absolute():
+            raise ValueError("adapter_dir must be an absolute path")
         if not self.argv or not all(
             isinstance(arg, str) and "\x00" not in arg for arg in self.argv
         ):
@@ -120,13 +130,10 @@ class ExecSpec:
 
     def environment(self) -> dict[str, str]:
         """The command's full environment: the overlay, then the sandbox's fixed names."""
-        return {
-            "LANG": "C.UTF-8",
-            **self.env,
-            "HOME": SANDBOX_WORKSPACE,
-            "PATH": SANDBOX_PATH,
-            "TMPDIR": SANDBOX_TMP,
-        }
+        fixed = {"HOME": SANDBOX_WORKSPACE, "PATH": SANDBOX_PATH, "TMPDIR": SANDBOX_TMP}
+        if self.adapter_dir is not None:
+            fixed[ADAPTER_SOCKET_VARIABLE] = SANDBOX_ADAPTER_SOCKET
+        return {"LANG": "C.UTF-8", **self.env, **fixed}
 
 
 @dataclass(frozen=True)
@@ -357,11 +364,13 @@ class ConfinedSandbox:
         workspace: Path,
         limits: ExecLimits,
         labels: Mapping[str, str],
+        adapter_dir: Path | None = None,
     ) -> None:
         self.backend = backend
         self.workspace = workspace
         self.limits = limits
         self.labels = labels
+        self.adapter_dir = adapter_dir
 
     def run(
         self,
@@ -380,5 +389,6 @@ class ConfinedSandbox:
             env=dict(env or {}),
             limits=self.limits.with_timeout(timeout_s),
             labels=self.labels,
+            adapter_dir=self.adapter_dir,
         )
         return run_confined(self.backend, spec)

@@ -36,6 +36,7 @@ import subprocess
 import time
 
 from runners.sandbox.base import (
+    SANDBOX_ADAPTER_DIR,
     SANDBOX_TMP,
     SANDBOX_WORKSPACE,
     ExecResult,
@@ -128,6 +129,12 @@ class BubblewrapBackend(SandboxBackend):
             "--dir", SANDBOX_WORKSPACE,
             "--bind", str(spec.workspace.resolve(strict=True)), SANDBOX_WORKSPACE,
             "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_TMP,
+        ]  # fmt: skip
+        if spec.adapter_dir is not None:
+            # The call's adapter broker socket, read-only (runners.adapter_broker); the network
+            # namespace stays empty but for lo.
+            line += ["--ro-bind", str(spec.adapter_dir), SANDBOX_ADAPTER_DIR]
+        line += [
             # The new root is a tmpfs that bwrap filled in; freeze it so nothing but the
             # workspace and /tmp is writable.
             "--remount-ro", "/",

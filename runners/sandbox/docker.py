@@ -19,6 +19,7 @@ import requests.exceptions
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from runners.sandbox.base import (
+    SANDBOX_ADAPTER_DIR,
     SANDBOX_TMP,
     SANDBOX_WORKSPACE,
     ExecResult,
@@ -74,6 +75,26 @@ class DockerBackend(SandboxBackend):
         limits = spec.limits
         labels = {f"{LABEL_PREFIX}{key}": str(value) for key, value in spec.labels.items()}
         labels[MANAGED_LABEL] = "true"
+        mounts = [
+            docker.types.Mount(
+                target=SANDBOX_WORKSPACE,
+                source=str(spec.workspace.resolve(strict=True)),
+                type="bind",
+                read_only=False,
+            )
+        ]
+        if spec.adapter_dir is not None:
+            # The call's adapter broker (runners.adapter_broker): a socket, read-only, so the
+            # command can connect to it but neither replace it nor leave anything there. The
+            # network stays "none": this socket is the command's only way out.
+            mounts.append(
+                docker.types.Mount(
+                    target=SANDBOX_ADAPTER_DIR,
+                    source=str(spec.adapter_dir),
+                    type="bind",
+                    read_only=True,
+                )
+            )
         return {
             "command": list(spec.argv),
             "user": f"{uid}:{gid}",
@@ -97,14 +118,7 @@ class DockerBackend(SandboxBackend):
             "tmpfs": {
                 SANDBOX_TMP: f"rw,nosuid,nodev,noexec,size={limits.tmp_mb}m,mode=1777",
             },
-            "mounts": [
-                docker.types.Mount(
-                    target=SANDBOX_WORKSPACE,
-                    source=str(spec.workspace.resolve(strict=True)),
-                    type="bind",
-                    read_only=False,
-                )
-            ],
+            "mounts": mounts,
             # Output is streamed from an attach and capped here; the engine keeps no log.
             "log_config": docker.types.LogConfig(type="none"),
             "stdin_open": False,

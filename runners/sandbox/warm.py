@@ -32,6 +32,7 @@ import docker.types
 
 from runners.sandbox import agent
 from runners.sandbox.base import (
+    SANDBOX_ADAPTER_DIR,
     SANDBOX_PATH,
     SANDBOX_TMP,
     SANDBOX_WORKSPACE,
@@ -158,6 +159,14 @@ class WarmDockerBackend(SandboxBackend):
     @property
     def client(self) -> Any:
         return self.docker.client
+
+    @property
+    def adapter_root(self) -> Path:
+        """Where this backend's calls' adapter broker sockets go: beside the containers'
+        directories, on their filesystem, so each can be hard linked into its container
+        (``_link_adapter``; runners.adapter_broker)."""
+        assert self.agent_root is not None
+        return self.agent_root / "adapter-calls"
 
     # --- the SandboxBackend interface ------------------------------------------------
 
@@ -381,6 +390,15 @@ class WarmDockerBackend(SandboxBackend):
                 target=AGENT_MOUNT, source=str(sandbox.agent_dir / "socket"), type="bind"
             )
         )
+        # Where a call's adapter broker socket appears while the call runs (see _call).
+        options["mounts"].append(
+            docker.types.Mount(
+                target=SANDBOX_ADAPTER_DIR,
+                source=str(sandbox.agent_dir / "adapter"),
+                type="bind",
+                read_only=True,
+            )
+        )
         try:
             container = self.client.containers.create(self.docker.image_id, **options)
         except ENGINE_ERRORS as error:
@@ -515,6 +533,7 @@ class WarmDockerBackend(SandboxBackend):
             if self._ended(key):
                 self._discard(sandbox)
                 raise _ThreadEnded
+            adapter_link = self._link_adapter(sandbox, spec)
             call_file = sandbox.agent_dir / "call"
             with contextlib.suppress(OSError):
                 call_file.write_text(call)
@@ -523,6 +542,9 @@ class WarmDockerBackend(SandboxBackend):
             finally:
                 with contextlib.suppress(OSError):
                     call_file.write_text("")
+                if adapter_link is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(adapter_link)
         finally:
             if sandbox.lock_fd >= 0:
                 os.close(sandbox.lock_fd)  # and with it the lock
@@ -569,6 +591,28 @@ class WarmDockerBackend(SandboxBackend):
             oom_killed=oom_killed,
             sandbox=self.name,
         )
+
+    @staticmethod
+    def _link_adapter(sandbox: WarmSandbox, spec: ExecSpec) -> Path | None:
+        """Put the call's adapter broker socket where the container sees it, for this call.
+
+        The container's mounts were fixed when it started, so the per-call socket is hard
+        linked into the container's adapter directory (mounted read-only at
+        /run/kestrel-adapter) and unlinked when the call ends: a connection to it reaches
+        this call's broker only. Where that cannot be done (another filesystem, a container
+        started without the directory) the call runs in a fresh container (``_Busy``).
+        """
+        if spec.adapter_dir is None:
+            return None
+        link = sandbox.agent_dir / "adapter" / "adapter.sock"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(link)  # a dead worker's; its broker is gone
+            os.link(Path(spec.adapter_dir) / "adapter.sock", link)
+        except OSError as error:
+            log.info("adapter socket not linked into a warm container (%s)", error.strerror)
+            raise _Busy from None
+        return link
 
     @staticmethod
     def _deadline(spec: ExecSpec) -> float:

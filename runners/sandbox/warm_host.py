@@ -85,6 +85,10 @@ def make_agent_dir(root: Path) -> Path:
     socket_dir.mkdir(mode=0o700)
     if os.geteuid() == 0:
         os.chown(socket_dir, *workspace_owner())
+    # Mounted read-only at /run/kestrel-adapter: each call's adapter broker socket is linked
+    # in for the call's duration (runners.sandbox.warm, runners.adapter_broker).
+    (path / "adapter").mkdir(mode=0o755)
+    os.chmod(path / "adapter", 0o755)  # noqa: S103 - the sandbox's uid reaches the socket
     return path
 
 

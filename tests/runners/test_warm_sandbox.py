@@ -146,12 +146,18 @@ def test_docker_inspect_shows_the_same_hardening_as_a_fresh_container(
     assert config["Image"] == docker_backend.image_id
     assert config["Labels"][WARM_LABEL] == "true"
     mounts = {m["Destination"]: m for m in attrs["Mounts"]}
-    assert [(m["Type"], m["RW"]) for m in mounts.values()] == [("bind", True)] * 2
+    assert {(d, m["Type"], m["RW"]) for d, m in mounts.items()} == {
+        ("/workspace", "bind", True),
+        (AGENT_MOUNT, "bind", True),
+        ("/run/kestrel-adapter", "bind", False),
+    }
     assert mounts["/workspace"]["Source"] == str(workspace)
-    # The only addition: the agent's socket directory, which the runner (root here) took
-    # back once the socket was up, so commands cannot enter it.
+    # The additions: the agent's socket directory, which the runner (root here) took back
+    # once the socket was up, so commands cannot enter it; and, read-only, where each call's
+    # adapter broker socket is linked for the call (runners.adapter_broker).
     agent_dir = Path(config["Labels"][AGENT_DIR_LABEL])
     assert mounts[AGENT_MOUNT]["Source"] == str(agent_dir / "socket")
+    assert mounts["/run/kestrel-adapter"]["Source"] == str(agent_dir / "adapter")
     socket_dir = (agent_dir / "socket").stat()
     assert (socket_dir.st_uid, stat.S_IMODE(socket_dir.st_mode)) == (0, 0o700)
     # PID 1's environment holds the agent's key and nothing of any call (the image's own

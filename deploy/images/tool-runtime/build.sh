@@ -2,8 +2,10 @@
 # Build the tool image `kestrel/tool-runtime:latest` locally, without any registry.
 #
 # A Debian bookworm minbase rootfs (debootstrap) with Python, a non-root `kestrel` user
-# (uid/gid 10001) and an empty /workspace, imported with `docker import`. Idempotent: when
-# the image already exists nothing is built. The debootstrap output is cached (outside
+# (uid/gid 10001), an empty /workspace and the adapter client `kestrel-adapter` on the PATH
+# (/usr/local/bin; docs/runners.md, "The adapter broker"), imported with `docker import`.
+# Idempotent: when the image already exists with this client (its sha256 is the image's
+# label io.kestrel.adapter-client) nothing is built; a changed client rebuilds it. The debootstrap output is cached (outside
 # git) so a rebuild after `docker rmi` takes seconds. Prints the image id (sha256:...):
 # runners pin tools to that id, never to the mutable tag.
 #
@@ -17,6 +19,8 @@ readonly PACKAGES="python3"
 readonly RUNTIME_UID=10001
 readonly CACHE_DIR="${KESTREL_IMAGE_CACHE:-/var/cache/kestrel/tool-runtime}"
 readonly ROOTFS="$CACHE_DIR/rootfs-$SUITE"
+readonly CLIENT="$(dirname "$(readlink -f "$0")")/kestrel-adapter"
+readonly CLIENT_SHA256="$(sha256sum "$CLIENT" | cut -d' ' -f1)"
 
 fail() {
   echo "tool-runtime: $*" >&2
@@ -36,8 +40,13 @@ default_mirror() {
 docker info >/dev/null 2>&1 || fail "no docker engine answers (run deploy/scripts/ensure-docker.sh)"
 
 if id=$(image_id); then
-  echo "$id"
-  exit 0
+  label=$(docker image inspect --format '{{index .Config.Labels "io.kestrel.adapter-client"}}' \
+    "$IMAGE" 2>/dev/null || true)
+  if [ "$label" = "$CLIENT_SHA256" ]; then
+    echo "$id"
+    exit 0
+  fi
+  echo "tool-runtime: $IMAGE has another adapter client; rebuilding it" >&2
 fi
 
 if ! command -v debootstrap >/dev/null 2>&1; then
@@ -77,6 +86,8 @@ echo "kestrel:x:$RUNTIME_UID:" >>"$staging/etc/group"
 echo "kestrel:!:19000::::::" >>"$staging/etc/shadow"
 mkdir -p "$staging/workspace"
 chown "$RUNTIME_UID:$RUNTIME_UID" "$staging/workspace"
+# The workload's only way to an adapter: a client of the broker's socket (stdlib Python).
+install -D -m 0755 -o 0 -g 0 "$CLIENT" "$staging/usr/local/bin/kestrel-adapter"
 
 echo "tool-runtime: importing $IMAGE" >&2
 tar --numeric-owner -C "$staging" -c . | docker import \
@@ -85,6 +96,7 @@ tar --numeric-owner -C "$staging" -c . | docker import \
   --change "ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 HOME=/workspace" \
   --change 'CMD ["python3"]' \
   --change "LABEL io.kestrel.image=tool-runtime" \
+  --change "LABEL io.kestrel.adapter-client=$CLIENT_SHA256" \
   --message "kestrel tool-runtime: debootstrap $SUITE minbase + $PACKAGES" \
   - "$IMAGE" >/dev/null || fail "docker import failed"
 
