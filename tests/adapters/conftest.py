@@ -3,8 +3,6 @@ who requests and another who approves, and (for end-to-end tests) a real adapter
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,10 +13,10 @@ from django.db import connection
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.governance.services import policy_publish_environment
-from kestrel_one.local.workers import adapters_worker_argv
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.services import thread_create
 from runners.contract.names import ADAPTERS_QUEUE
+from tests.execution.workers import adapters_worker
 from tests.support import stop
 
 SYSTEM = system_principal("tests")
@@ -73,9 +71,6 @@ def invoke(client, world, args: dict, **where):
     )
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 @pytest.fixture(scope="module")
 def adapter_worker(django_db_setup, django_db_blocker, upstream_server, tmp_path_factory):
     """A real control-tier adapter worker (queue ``adapters``, 4 slots) on the test database
@@ -83,25 +78,11 @@ def adapter_worker(django_db_setup, django_db_blocker, upstream_server, tmp_path
     with django_db_blocker.unblock():
         database = connection.settings_dict
     redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(ADAPTERS_QUEUE)
-    log = tmp_path_factory.mktemp("adapter-worker") / "adapters.log"
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
-    process = subprocess.Popen(
-        adapters_worker_argv(concurrency=4),
-        cwd=ROOT,
-        env={
-            **base_env,
-            **upstream_server.env(),
-            "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
-            "TEST_DATABASE_URL": (
-                f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
-                f"{database['NAME']}"
-            ),
-            "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
-            "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
-        },
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
+    base = tmp_path_factory.mktemp("adapter-worker")
+    process = adapters_worker(
+        base, database=database, upstream_env=upstream_server.env(), concurrency=4
     )
+    log = base / "adapters.log"
     try:
         yield log
     finally:

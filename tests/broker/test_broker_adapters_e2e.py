@@ -9,11 +9,9 @@ same thread under the same policy and approvals, and its answer is the child's o
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
@@ -21,9 +19,8 @@ from kestrel_one.credentials.services import credential_create
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import Action, ActionState, Receipt
 from kestrel_one.execution.services import action_request
-from kestrel_one.local.workers import adapters_worker_argv
 from kestrel_one.sandbox_broker.models import BrokeredRequest
-from tests.execution.workers import ROOT, governed_thread, real_workers
+from tests.execution.workers import adapters_worker, governed_thread, real_workers
 from tests.support import stop
 
 RUNNER_ID = "run_BROKERADAPTERS000000000000"
@@ -64,36 +61,11 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend
         database = connection.settings_dict
     base = tmp_path_factory.mktemp("broker-adapters")
     with real_workers(base, runner_id=RUNNER_ID, database=database) as files:
-        adapters = adapters_worker(base, database=database, extra=upstream_server.env())
+        adapters = adapters_worker(base, database=database, upstream_env=upstream_server.env())
         try:
             yield files
         finally:
             stop(adapters)
-
-
-def adapters_worker(base, *, database: dict, extra: dict) -> subprocess.Popen:
-    """The control tier's adapter worker (queue ``adapters``) on the test database, broker and
-    data folder (the credentials key), reaching the test upstream."""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
-    return subprocess.Popen(
-        adapters_worker_argv(concurrency=1),
-        cwd=ROOT,
-        env={
-            **env,
-            **extra,
-            "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
-            "TEST_DATABASE_URL": (
-                f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
-                f"{database['NAME']}"
-            ),
-            "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
-            "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
-        },
-        stdout=(base / "adapters.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
 
 
 @pytest.fixture

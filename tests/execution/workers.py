@@ -17,7 +17,7 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
 from kestrel_one.governance.services import policy_publish_environment
-from kestrel_one.local.workers import control_worker_argv
+from kestrel_one.local.workers import adapters_worker_argv, control_worker_argv
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import thread_create
@@ -70,15 +70,23 @@ def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict
         unmount_workspace_quotas(files["workspaces"])  # a runner that had to be killed
 
 
-def control_worker(base: Path, *, database: dict) -> subprocess.Popen:
-    """A real control worker (queue ``control``) on the test database and broker, logging to
-    ``base / "control.log"``."""
+def control_worker(
+    base: Path,
+    *,
+    database: dict,
+    argv: list[str] | None = None,
+    log_name: str = "control.log",
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """A real control worker (queue ``control``, or what ``argv`` says) on the test database,
+    broker and data folder (the credentials key), logging to ``base / log_name``."""
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
     return subprocess.Popen(
-        control_worker_argv(concurrency=1),
+        argv or control_worker_argv(concurrency=1),
         cwd=ROOT,
         env={
             **base_env,
+            **(extra_env or {}),
             "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
             "TEST_DATABASE_URL": (
                 f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
@@ -87,8 +95,22 @@ def control_worker(base: Path, *, database: dict) -> subprocess.Popen:
             "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
             "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
         },
-        stdout=(base / "control.log").open("w"),
+        stdout=(base / log_name).open("w"),
         stderr=subprocess.STDOUT,
+    )
+
+
+def adapters_worker(
+    base: Path, *, database: dict, upstream_env: dict[str, str], concurrency: int = 1
+) -> subprocess.Popen:
+    """The control tier's adapter worker (queue ``adapters``), reaching the test upstream
+    through the egress overrides in ``upstream_env``; logs to ``base / "adapters.log"``."""
+    return control_worker(
+        base,
+        database=database,
+        argv=adapters_worker_argv(concurrency=concurrency),
+        log_name="adapters.log",
+        extra_env=upstream_env,
     )
 
 

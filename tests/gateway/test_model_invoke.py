@@ -18,7 +18,9 @@ from kestrel_one.gateway.invoke import model_invoke_run
 from kestrel_one.gateway.models import ModelUsage
 from kestrel_one.threads.models import ThreadEvent
 from kestrel_one.threads.services import thread_create
+from tests.execution.workers import adapters_worker
 from tests.gateway.conftest import gateway_world_make
+from tests.support import stop
 
 PROMPT = "Summarise the launch checklist"
 ARGS = {
@@ -171,34 +173,10 @@ def test_without_a_credential_the_call_is_refused_at_request_time(gateway_world,
 
 @pytest.mark.django_db(transaction=True)
 def test_a_real_adapters_worker_runs_the_call(upstream, tmp_path: Path):
-    import os
-    import subprocess
-
-    from django.conf import settings
-
-    from kestrel_one.local.workers import adapters_worker_argv
-    from tests.support import stop
-
     world = gateway_world_make(upstream)
     thread = thread_of(world)
     database = connection.settings_dict
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
-    worker = subprocess.Popen(
-        adapters_worker_argv(concurrency=1),
-        cwd=Path(__file__).resolve().parents[2],
-        env={
-            **base_env,
-            **upstream.env(),
-            "DJANGO_SETTINGS_MODULE": "kestrel_one.settings_test",
-            "TEST_DATABASE_URL": (
-                f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
-            ),
-            "TEST_REDIS_URL": settings.CELERY_BROKER_URL,
-            "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
-        },
-        stdout=(tmp_path / "adapters.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    worker = adapters_worker(tmp_path, database=database, upstream_env=upstream.env())
     try:
         action = action_request(
             actor=member_principal(world), thread=thread, tool="model.invoke", args=ARGS
