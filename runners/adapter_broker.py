@@ -46,6 +46,7 @@ from runners.contract.adapter_broker import (
     sign_adapter_request,
     verify_adapter_answer,
 )
+from runners.contract.tokens import strict_json_loads
 
 __all__ = [
     "ADAPTER_ROOT_VARIABLE",
@@ -358,20 +359,7 @@ def _read_request(connection: socket.socket) -> bytes:
 
 
 def _strict_json(raw: bytes) -> Any:
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in result:
-                raise ValueError(f"duplicate key {key!r}")
-            result[key] = value
-        return result
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    return json.loads(
-        raw.decode("utf-8"), object_pairs_hook=no_duplicates, parse_constant=no_constants
-    )
+    return strict_json_loads(raw.decode("utf-8"))
 
 
 def _refusal(code: str, message: str) -> dict[str, Any]:

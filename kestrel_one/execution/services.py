@@ -308,26 +308,9 @@ def action_dispatch(*, action_id: int) -> bool:
     use of the call id keeps that from running twice.
     """
     with transaction.atomic():
-        project_id = (
-            Action.objects.filter(pk=action_id).values_list("project_id", flat=True).first()
-        )
-        if project_id is None:
-            return False
-        project = Project.objects.get(pk=project_id)
-        policy_versions_lock(project)
-        action = (
-            Action.objects.select_for_update(of=("self",))
-            .select_related("organization", "environment", "project", "thread")
-            .filter(pk=action_id, state=ActionState.QUEUED, dispatched_at__isnull=True)
-            .first()
-        )
+        action = _queued_redecided(pk=action_id, dispatched_at__isnull=True)
         if action is None:
             return False
-        decision = action_redecision(action)
-        if decision is not None:
-            action_redecide(action, decision)
-            if action.state != ActionState.QUEUED:
-                return False
         action.attempt += 1
         if get_tool(action.tool).tier == Tier.CONTROL:
             # Never signed to a runner: the control tier reads the action itself.
@@ -341,6 +324,31 @@ def action_dispatch(*, action_id: int) -> bool:
     if token is None:
         return _control_send(action)
     return _command_send(action, token)
+
+
+def _queued_redecided(**match) -> Action | None:
+    """The queued action ``match`` names, locked, and decided again first if the policy
+    versions changed since its decision; None when it is not queued, or no longer is once
+    decided again. Call inside a transaction: the policy locks are held until it ends, so no
+    narrowing is published between this decision and what the caller sends under it."""
+    project_id = Action.objects.filter(**match).values_list("project_id", flat=True).first()
+    if project_id is None:
+        return None
+    policy_versions_lock(Project.objects.get(pk=project_id))
+    action = (
+        Action.objects.select_for_update(of=("self",))
+        .select_related("organization", "environment", "project", "thread")
+        .filter(state=ActionState.QUEUED, **match)
+        .first()
+    )
+    if action is None:
+        return None
+    decision = action_redecision(action)
+    if decision is not None:
+        action_redecide(action, decision)
+        if action.state != ActionState.QUEUED:
+            return None
+    return action
 
 
 POLICY_DENIES = "policy_denies"
@@ -900,27 +908,9 @@ def control_call_claim(*, action_id: str, tool: str) -> Action | None:
     """
     now = timezone.now()
     with transaction.atomic():
-        project_id = (
-            Action.objects.filter(public_id=action_id, tool=tool)
-            .values_list("project_id", flat=True)
-            .first()
-        )
-        if project_id is None:
-            return None
-        policy_versions_lock(Project.objects.get(pk=project_id))
-        action = (
-            Action.objects.select_for_update(of=("self",))
-            .select_related("organization", "environment", "project", "thread")
-            .filter(public_id=action_id, tool=tool, state=ActionState.QUEUED)
-            .first()
-        )
+        action = _queued_redecided(public_id=action_id, tool=tool)
         if action is None:
             return None
-        decision = action_redecision(action)
-        if decision is not None:
-            action_redecide(action, decision)
-            if action.state != ActionState.QUEUED:
-                return None
         action.state = ActionState.RUNNING
         action.started_at = now
         action.deadline_at = _running_deadline(action, now)

@@ -80,6 +80,7 @@ __all__ = [
     "sign_control_message",
     "sign_heartbeat",
     "sign_result",
+    "strict_json_loads",
     "unverified_call_id",
     "unverified_runner_id",
     "verify_command",
@@ -865,11 +866,7 @@ def _verified_parts(
     if header["typ"] != typ:
         raise refused("malformed", f"header typ must be {typ!r}")
     try:
-        claims = json.loads(
-            verified["payload"],
-            object_pairs_hook=_no_duplicate_keys,
-            parse_constant=_no_constants,
-        )
+        claims = strict_json_loads(verified["payload"])
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise refused("malformed", f"payload is not strict JSON: {error}") from None
     if not isinstance(claims, dict):
@@ -906,6 +903,12 @@ def _require(
 ) -> None:
     if not ok:
         raise refused("malformed", f"claim {name!r} must be {expected}")
+
+
+def strict_json_loads(raw: str | bytes) -> Any:
+    """JSON as the wire accepts it: no duplicate keys (two parsers could each pick another
+    value) and no NaN or Infinity. Raises ValueError (or UnicodeDecodeError)."""
+    return json.loads(raw, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
