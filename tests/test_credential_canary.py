@@ -29,9 +29,8 @@ from kestrel_one.credentials.models import Credential
 from kestrel_one.credentials.services import connection_create, credential_create
 from kestrel_one.execution.models import Action
 from tests.console.surface import signed_in
-from tests.execution.workers import adapters_worker, governed_thread, real_workers
+from tests.execution.workers import governed_thread, real_workers_and_adapters
 from tests.secret_search import SecretSearch
-from tests.support import stop
 from tests.upstream import random_secret
 
 RUNNER_ID = "run_CREDENTIALCANARY000000000"
@@ -59,12 +58,10 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend
     with django_db_blocker.unblock():
         database = connection.settings_dict
     base = tmp_path_factory.mktemp("canary")
-    with real_workers(base, runner_id=RUNNER_ID, database=database) as files:
-        adapters = adapters_worker(base, database=database, upstream_env=upstream_server.env())
-        try:
-            yield files
-        finally:
-            stop(adapters)
+    with real_workers_and_adapters(
+        base, runner_id=RUNNER_ID, database=database, upstream_env=upstream_server.env()
+    ) as files:
+        yield files
 
 
 class Surfaces:

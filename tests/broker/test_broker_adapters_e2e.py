@@ -20,8 +20,7 @@ from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import Action, ActionState, Receipt
 from kestrel_one.execution.services import action_request
 from kestrel_one.sandbox_broker.models import BrokeredRequest
-from tests.execution.workers import adapters_worker, governed_thread, real_workers
-from tests.support import stop
+from tests.execution.workers import governed_thread, real_workers_and_adapters
 
 RUNNER_ID = "run_BROKERADAPTERS000000000000"
 pytestmark = [
@@ -60,12 +59,10 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend
     with django_db_blocker.unblock():
         database = connection.settings_dict
     base = tmp_path_factory.mktemp("broker-adapters")
-    with real_workers(base, runner_id=RUNNER_ID, database=database) as files:
-        adapters = adapters_worker(base, database=database, upstream_env=upstream_server.env())
-        try:
-            yield files
-        finally:
-            stop(adapters)
+    with real_workers_and_adapters(
+        base, runner_id=RUNNER_ID, database=database, upstream_env=upstream_server.env()
+    ) as files:
+        yield files
 
 
 @pytest.fixture

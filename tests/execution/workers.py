@@ -114,6 +114,19 @@ def adapters_worker(
     )
 
 
+@contextlib.contextmanager
+def real_workers_and_adapters(
+    base: Path, *, runner_id: str, database: dict, upstream_env: dict[str, str]
+) -> Iterator[dict[str, Path]]:
+    """``real_workers`` plus the control tier's adapter worker reaching the test upstream."""
+    with real_workers(base, runner_id=runner_id, database=database) as files:
+        adapters = adapters_worker(base, database=database, upstream_env=upstream_env)
+        try:
+            yield files
+        finally:
+            stop(adapters)
+
+
 def governed_thread(
     workers: dict[str, Path], organization, *, runner_id: str, policy: dict, name: str
 ) -> Thread:
