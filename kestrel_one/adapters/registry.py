@@ -337,17 +337,29 @@ ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
 CREDENTIAL_KINDS: frozenset[str] = frozenset(a.credential_kind for a in ADAPTERS.values())
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+_IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+_HOST = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 
 
-def _check_registry() -> dict[tuple[str, str], jsonschema.Draft202012Validator]:
-    """Every operation is well formed, or importing this module fails: HTTPS only, every
+def registry_check(
+    adapters: Mapping[str, Adapter],
+) -> dict[tuple[str, str], jsonschema.Draft202012Validator]:
+    """Every adapter and operation is well formed, or importing this module fails: a known
+    credential presentation, an effect that is an ``Effect``, a plain method and host, every
     template placeholder typed, every argument in one place, schemas valid."""
     validators = {}
-    for adapter in ADAPTERS.values():
+    for name, adapter in adapters.items():
+        if name != adapter.name or not _IDENTIFIER.match(adapter.credential_kind):
+            raise TypeError(f"{name}: name or credential kind is wrong")
+        if "{secret}" not in adapter.presentation.form:
+            raise TypeError(f"{name}: the presentation does not carry the secret")
         for key, operation in adapter.operations.items():
             where = f"{adapter.name}.{key}"
             if key != operation.name or not isinstance(operation.effect, Effect):
                 raise TypeError(f"{where}: name or effect is wrong")
+            if operation.method not in _METHODS or not _HOST.match(operation.host):
+                raise TypeError(f"{where}: method or host is wrong")
             placeholders = _PLACEHOLDER.findall(operation.path)
             params = [param.name for param in operation.path_params]
             if placeholders != params or not operation.path.startswith("/"):
@@ -361,7 +373,7 @@ def _check_registry() -> dict[tuple[str, str], jsonschema.Draft202012Validator]:
     return validators
 
 
-_VALIDATORS = _check_registry()
+_VALIDATORS = registry_check(ADAPTERS)
 
 
 def get_adapter(name: Any) -> Adapter:

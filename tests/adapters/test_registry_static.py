@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import pytest
@@ -9,12 +10,14 @@ import pytest
 from kestrel_one.adapters.registry import (
     ADAPTERS,
     CREDENTIAL_KINDS,
+    GITHUB,
     Effect,
     InvalidOperationArguments,
     UnknownAdapter,
     UnknownOperation,
     get_operation,
     prepare_request,
+    registry_check,
 )
 
 COMMENT = {"owner": "acme", "repo": "rocket", "issue_number": 7, "body": "Deployed."}
@@ -92,3 +95,52 @@ def test_write_operations_are_external_and_model_calls_are_reads():
         ("openai", "chat.completions"): Effect.READ,
         ("anthropic", "messages.create"): Effect.READ,
     }
+
+
+@pytest.mark.spec("CRED-4")
+def test_an_operation_with_an_effect_kind_method_or_host_not_known_is_refused_at_import():
+    comment = GITHUB.operations["issue_comment.create"]
+    broken = {  # each a registry entry a typo or a bad merge could write
+        "effect": replace(comment, effect="write"),
+        "plain-string effect": replace(comment, effect="external"),
+        "method": replace(comment, method="CONNECT"),
+        "host": replace(comment, host="api.github.com:8443"),
+        "placeholder": replace(comment, path="/repos/{owner}/{repo}/issues/{number}/comments"),
+    }
+    for what, operation in broken.items():
+        adapter = replace(GITHUB, operations={operation.name: operation})
+        with pytest.raises(TypeError, match="issue_comment.create"):
+            registry_check({adapter.name: adapter})
+    for kind in ("", "AWS Key", "x" * 65):
+        adapter = replace(GITHUB, credential_kind=kind)
+        with pytest.raises(TypeError, match="credential kind"):
+            registry_check({adapter.name: adapter})
+    assert registry_check({"github": GITHUB})  # the real one passes
+
+
+@pytest.mark.spec("CRED-4", "CRED-1")
+@pytest.mark.django_db
+def test_a_stored_credential_of_an_unknown_kind_is_never_released(world):
+    from kestrel_one.accounts.principal import system_principal
+    from kestrel_one.credentials.models import Credential
+    from kestrel_one.credentials.release import CredentialRefused, secret_release
+    from kestrel_one.credentials.services import credential_create
+
+    credential = credential_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="ci",
+        adapter="github",
+        secret="ghp_kind-test-secret-000",
+    )
+    Credential.objects.filter(pk=credential.pk).update(kind="aws_access_key")
+    with pytest.raises(CredentialRefused) as refused:
+        secret_release(
+            organization=world.org,
+            adapter="github",
+            reference={"credential": credential.public_id},
+            user=None,
+            token=None,
+        )
+    assert refused.value.code == "credential_not_found"
+    assert "ghp_kind-test-secret-000" not in str(refused.value)
