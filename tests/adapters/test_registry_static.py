@@ -109,8 +109,9 @@ def test_an_operation_with_an_effect_kind_method_or_host_not_known_is_refused_at
     }
     for what, operation in broken.items():
         adapter = replace(GITHUB, operations={operation.name: operation})
-        with pytest.raises(TypeError, match="issue_comment.create"):
+        with pytest.raises(TypeError, match=r"^github\.issue_comment\.create: "):
             registry_check({adapter.name: adapter})
+            pytest.fail(f"a wrong {what} was accepted")
     for kind in ("", "AWS Key", "x" * 65):
         adapter = replace(GITHUB, credential_kind=kind)
         with pytest.raises(TypeError, match="credential kind"):
