@@ -40,6 +40,8 @@ def test_hosted_serve_refuses_to_start_when_the_broker_does_not_answer(tmp_path)
         DJANGO_SECRET_KEY="a-test-secret-key-that-is-long-enough-for-django-checks",
         KESTREL_ALLOWED_HOSTS="kestrel.example.com",
         KESTREL_SIGNING_KEY_FILE=str(key),
+        # Hosted mode names the credentials key; serve refuses before ever reading it here.
+        KESTREL_CREDENTIALS_KEY_FILE=str(tmp_path / "credentials.key"),
     )
     result = subprocess.run(
         [sys.executable, "manage.py", "serve", "--port", str(free_port())],
