@@ -48,15 +48,7 @@ def adapter_request(self, token: str) -> None:
         if self.request.retries < NOT_RUNNING_RETRIES:
             raise self.retry(countdown=NOT_RUNNING_RETRY_SECONDS) from None
         # Its "started" report never came: the call is not running as far as we know.
-        answer_push(
-            pool=runner.pool,
-            request_id=request.request_id,
-            call_id=request.call_id,
-            action=None,
-            outcome="refused",
-            result=None,
-            error={"code": "call_not_running", "message": "the call has not started"},
-        )
+        _refusal_push(runner, request, "call_not_running", "the call has not started")
         return
     except BrokeredRequestRefused as refused:
         logger.warning(
@@ -67,15 +59,7 @@ def adapter_request(self, token: str) -> None:
             call=request.call_id,
         )
         if refused.answer:
-            answer_push(
-                pool=runner.pool,
-                request_id=request.request_id,
-                call_id=request.call_id,
-                action=None,
-                outcome="refused",
-                result=None,
-                error={"code": refused.code, "message": refused.message[:1000]},
-            )
+            _refusal_push(runner, request, refused.code, refused.message[:1000])
         return
     except OperationalError:
         raise  # the database is away: retried (autoretry_for)
@@ -83,15 +67,7 @@ def adapter_request(self, token: str) -> None:
         # Not a refusal: a fault here. The workload is told at once rather than left to
         # wait out its timeout; nothing was recorded (the transaction rolled back).
         logger.exception("brokered adapter request failed", request=request.request_id)
-        answer_push(
-            pool=runner.pool,
-            request_id=request.request_id,
-            call_id=request.call_id,
-            action=None,
-            outcome="refused",
-            result=None,
-            error={"code": "internal_error", "message": "the control plane failed"},
-        )
+        _refusal_push(runner, request, "internal_error", "the control plane failed")
         return
     if brokered.child is None:
         logger.info("brokered adapter request refused", request=brokered.request_id,
@@ -112,4 +88,17 @@ def adapter_request(self, token: str) -> None:
         "brokered adapter request accepted",
         request=brokered.request_id,
         child=brokered.child.public_id,
+    )
+
+
+def _refusal_push(runner, request, code: str, message: str) -> None:
+    """Answer the waiting broker that its request was refused before any child existed."""
+    answer_push(
+        pool=runner.pool,
+        request_id=request.request_id,
+        call_id=request.call_id,
+        action=None,
+        outcome="refused",
+        result=None,
+        error={"code": code, "message": message},
     )
