@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from kestrel_one.adapters.models import AdapterInvocation
 from kestrel_one.adapters.registry import (
     Effect,
     InvalidOperationArguments,
@@ -23,6 +24,7 @@ from kestrel_one.adapters.registry import (
     validate_operation_args,
 )
 from kestrel_one.common.errors import Conflict, ValidationFailed
+from kestrel_one.credentials.release import CredentialRefused, credential_default, reference_check
 from policies import Request
 from runners.contract.canonical import digest
 
@@ -102,12 +104,6 @@ def adapter_call_request(canonical: dict[str, Any], request: Request) -> Request
 
 def adapter_call_admit(*, organization, user, token, canonical: dict[str, Any]) -> dict:
     # Imported here: this module is loaded while the app registry is being populated.
-    from kestrel_one.adapters.models import AdapterInvocation
-    from kestrel_one.credentials.release import (
-        CredentialRefused,
-        credential_default,
-        reference_check,
-    )
 
     adapter = canonical["adapter"]
     reference = credential_reference(canonical)

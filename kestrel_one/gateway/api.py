@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -239,8 +240,6 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
         '``"stream": true`` answers text/event-stream.',
     )
     def create(self, request, *args, **kwargs):
-        from django.conf import settings
-
         model_request, include_usage = model_request_from_openai(
             request.data, default_max_tokens=settings.KESTREL_GATEWAY_DEFAULT_MAX_TOKENS
         )

@@ -31,7 +31,14 @@ from typing import Any
 import structlog
 
 from kestrel_one.adapters.registry import get_adapter, prepare_request
+from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request, egress_stream
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.credentials.release import (
+    CredentialRefused,
+    credential_default,
+    reference_check,
+    secret_release,
+)
 from kestrel_one.gateway.models import ModelUsage
 from kestrel_one.gateway.providers import (
     AnthropicStreamToOpenAI,
@@ -92,12 +99,6 @@ class Exchange:
 
 
 def _credential_reference(*, organization, request: ModelRequest, named: str | None, caller):
-    from kestrel_one.credentials.release import (
-        CredentialRefused,
-        credential_default,
-        reference_check,
-    )
-
     try:
         credential = named or credential_default(organization=organization, adapter=request.adapter)
         if credential is None:
@@ -125,8 +126,6 @@ def _credential_missing(request: ModelRequest) -> GatewayError:
 
 
 def _release(*, organization, request: ModelRequest, reference: dict, caller):
-    from kestrel_one.credentials.release import CredentialRefused, secret_release
-
     try:
         return secret_release(
             organization=organization,
@@ -222,8 +221,6 @@ def _begin(
     *, project, request: ModelRequest, caller: Caller, surface: str, credential, action
 ) -> tuple[_Call, Any]:
     """Release the credential for this one call (refused: nothing reserved), then reserve."""
-    from kestrel_one.credentials.release import CredentialRefused, credential_default
-
     organization = project.organization
     try:
         named = credential or credential_default(organization=organization, adapter=request.adapter)
@@ -266,8 +263,6 @@ def model_call(
     ``settle_after``: a success is settled by the caller (``Exchange.settle``) once it has
     sent the answer on; until then the reservation holds the call's bound, so the budget is
     never short, and a process that dies first leaves it to expire (charged in full)."""
-    from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
-
     call, released = _begin(
         project=project,
         request=request,
@@ -359,8 +354,6 @@ def model_call_stream(
 ) -> Stream:
     """A streamed call. Before the first byte is sent on, a refusal or a provider error
     raises GatewayError (settled); after it, the stream ends where the provider's did."""
-    from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_stream
-
     call, released = _begin(
         project=project,
         request=request,

@@ -19,10 +19,15 @@ import structlog
 from django.conf import settings
 from django.db import transaction
 
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.execution.arguments import action_arguments
+from kestrel_one.execution.services import control_call_claim, control_call_finish
 from kestrel_one.gateway.api import model_request_check
-from kestrel_one.gateway.calls import Caller, GatewayError, model_call
+from kestrel_one.gateway.calls import Caller, GatewayError, _credential_reference, model_call
+from kestrel_one.gateway.models import ModelUsage
 from kestrel_one.gateway.providers import ModelRequest, UnknownModel, split_model_name
+from kestrel_one.threads.services import event_append
 from policies import Request
 
 logger = structlog.get_logger(__name__)
@@ -61,8 +66,6 @@ def model_call_request(canonical: dict, request: Request) -> Request:
 
 def model_call_admit(*, organization, user, token, canonical: dict) -> dict:
     """The credential this call will use, checked for this requester, made explicit."""
-    from kestrel_one.gateway.calls import _credential_reference
-
     model = model_request_of(canonical)
     reference = _credential_reference(
         organization=organization,
@@ -74,8 +77,6 @@ def model_call_admit(*, organization, user, token, canonical: dict) -> dict:
 
 
 def _text_events(thread, action, kind: str, role: str, text: str, index: int) -> None:
-    from kestrel_one.threads.services import event_append
-
     raw = text.encode()
     parts = [raw[i : i + EVENT_TEXT_BYTES] for i in range(0, len(raw), EVENT_TEXT_BYTES)] or [b""]
     for number, part in enumerate(parts, start=1):
@@ -104,9 +105,6 @@ def _prompt_record(action, request: ModelRequest) -> None:
 
 def model_invoke_run(*, action_id: str) -> str:
     """Run the queued ``model.invoke`` action ``action_id``; what happened."""
-    from kestrel_one.execution.arguments import action_arguments
-    from kestrel_one.execution.services import control_call_claim, control_call_finish
-
     action = control_call_claim(action_id=action_id, tool=TOOL)
     if action is None:
         # Not queued: ended meanwhile, or taken by a worker that died (its reservation
@@ -171,8 +169,6 @@ def model_invoke_run(*, action_id: str) -> str:
 
 def _requester(action):
     """Whom the audit names for the call: the action's requester."""
-    from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
-
     if action.requested_by_token is not None:
         return Principal(
             PrincipalKind.TOKEN, user=action.requested_by_user, token=action.requested_by_token
@@ -183,8 +179,6 @@ def _requester(action):
 
 
 def _usage_of(action):
-    from kestrel_one.gateway.models import ModelUsage
-
     return ModelUsage.objects.filter(action=action).order_by("-id").first()
 
 
