@@ -98,7 +98,9 @@ class Exchange:
     settle: Any = None
 
 
-def _credential_reference(*, organization, request: ModelRequest, named: str | None, caller):
+def model_credential_reference(*, organization, request: ModelRequest, named: str | None, caller):
+    """The credential a model call uses (the one named, else the organization's one for the
+    provider), checked for this caller: ``{"credential": "crd_..."}``, or a GatewayError."""
     try:
         credential = named or credential_default(organization=organization, adapter=request.adapter)
         if credential is None:

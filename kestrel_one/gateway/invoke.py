@@ -24,7 +24,7 @@ from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.services import control_call_claim, control_call_finish
 from kestrel_one.gateway.api import model_request_check
-from kestrel_one.gateway.calls import Caller, GatewayError, _credential_reference, model_call
+from kestrel_one.gateway.calls import Caller, GatewayError, model_call, model_credential_reference
 from kestrel_one.gateway.models import ModelUsage
 from kestrel_one.gateway.providers import ModelRequest, UnknownModel, split_model_name
 from kestrel_one.threads.services import event_append
@@ -67,7 +67,7 @@ def model_call_request(canonical: dict, request: Request) -> Request:
 def model_call_admit(*, organization, user, token, canonical: dict) -> dict:
     """The credential this call will use, checked for this requester, made explicit."""
     model = model_request_of(canonical)
-    reference = _credential_reference(
+    reference = model_credential_reference(
         organization=organization,
         request=model,
         named=canonical.get("credential"),
