@@ -8,9 +8,9 @@ path that presents one runs: adapter reads with a credential and with a connecti
 external operation a person approves, a model call as a tool and through the
 OpenAI-compatible endpoint (whole and streamed), an upstream error that echoes the
 credential back, and a workload's call through the broker from inside the sandbox. Every
-response, every table row, every Redis key, every log line (the workers' and this
-process's) and ``docker inspect`` of every container must then be free of each secret, in
-plain, base64, URL-encoded and hex form.
+response, every webhook body, every table row, every Redis key, every log line (the
+workers' and this process's) and ``docker inspect`` of every container must then be free
+of each secret, in plain, base64, URL-encoded and hex form.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from kestrel_one.accounts.principal import Principal, PrincipalKind, system_prin
 from kestrel_one.credentials.models import Credential
 from kestrel_one.credentials.services import connection_create, credential_create
 from kestrel_one.execution.models import Action
+from kestrel_one.webhooks.events import EVENT_TYPES
+from kestrel_one.webhooks.services import webhook_endpoint_create
 from tests.console.surface import signed_in
 from tests.execution.workers import governed_thread, real_workers_and_adapters
 from tests.secret_search import SecretSearch
@@ -139,6 +141,13 @@ def test_planted_credentials_appear_in_no_response_row_key_log_or_container(
     for adapter in ("slack", "openai", "anthropic"):
         upstream.expect(adapter, secrets[adapter])
     search = SecretSearch([*secrets.values(), rotated, personal])
+    # Every event a consumer can subscribe to is queued for it (the outbox is searched too).
+    webhook_endpoint_create(
+        actor=system,
+        organization=world.org,
+        url="https://hooks.example.com/kestrel",
+        event_types=sorted(EVENT_TYPES),
+    )
 
     def act(tool: str, args: dict, key: str) -> dict:
         response = client.post(
@@ -284,6 +293,11 @@ def test_planted_credentials_appear_in_no_response_row_key_log_or_container(
         response = console.get(f"/console/{world.org.slug}/{page}")
         assert response.status_code == 200, (page, response.status_code)
         surfaces.keep(f"console {page}", response)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT body FROM webhooks_webhookmessage")
+        bodies = [row[0] for row in cursor.fetchall()]
+    assert len(bodies) >= 6, "the consumer got no webhook message"
+    surfaces.seen["webhook bodies"] = bodies
     for where, shown in surfaces.seen.items():
         search.check(where, shown)
 
