@@ -163,6 +163,7 @@ INSTALLED_APPS = [
     "kestrel_one.credentials",
     "kestrel_one.adapters",
     "kestrel_one.gateway",
+    "kestrel_one.mcp",
     "kestrel_one.sandbox_broker",
     "kestrel_one.api",
     "kestrel_one.local",

@@ -41,6 +41,10 @@ PREFIXES = frozenset(
         "mdu",
         "crd",
         "con",
+        # MCP servers, their discoveries and risk acceptances (kestrel_one.mcp).
+        "mcp",
+        "mdi",
+        "rsk",
     }
 )
 

@@ -21,7 +21,7 @@ from runners.contract.arguments import FIXED_ENV_NAMES, NO_NUL
 from runners.contract.errors import InvalidArguments, PathRefused, UnknownTool
 from runners.contract.paths import split_relative_path
 from runners.contract.toolspec import ToolSpec
-from runners.tools import checkpoints, control, files, processes
+from runners.tools import checkpoints, control, files, mcp, processes
 
 __all__ = [
     "TOOLS",
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # Every module that defines tools; each lists its own in ``TOOLS``, in order.
-TOOL_MODULES = (processes, files, checkpoints, control)
+TOOL_MODULES = (processes, files, checkpoints, control, mcp)
 
 TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
     {spec.name: spec for module in TOOL_MODULES for spec in module.TOOLS}

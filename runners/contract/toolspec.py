@@ -16,7 +16,15 @@ from typing import Any, Protocol
 
 from policies.request import Request
 
-__all__ = ["Captures", "ProcessOutcome", "Sandbox", "Tier", "ToolContext", "ToolSpec"]
+__all__ = [
+    "Captures",
+    "McpServers",
+    "ProcessOutcome",
+    "Sandbox",
+    "Tier",
+    "ToolContext",
+    "ToolSpec",
+]
 
 
 class Captures(StrEnum):
@@ -69,18 +77,44 @@ class Sandbox(Protocol):
     ) -> ProcessOutcome: ...
 
 
+class McpServers(Protocol):
+    """Calls one tool of an installed MCP server (``runners.mcp``): the server started from
+    the signed profile in its own container, or the call's thread's warm one with the same
+    profile, its tool definition checked against the signed digest first."""
+
+    def call(
+        self,
+        pinned: Mapping[str, Any],
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        project: str,
+        thread: str | None,
+        call_id: str,
+        workspace: Path,
+        timeout_s: float,
+    ) -> dict[str, Any]: ...
+
+
 # The largest file fs.read reads and hashes (the content it returns is capped far lower).
 DEFAULT_READ_MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What an implementation works on: the call's workspace and its sandbox, and how
-    large a file ``fs.read`` takes (the runner's KESTREL_READ_MAX_FILE_BYTES)."""
+    """What an implementation works on: the call's workspace and its sandbox, how large a
+    file ``fs.read`` takes (the runner's KESTREL_READ_MAX_FILE_BYTES), and the MCP servers
+    (``None`` where the sandbox backend cannot run them: only Docker can), with the call's
+    scope and time limit that ``mcp.call`` needs to pick and bound its server."""
 
     workspace: Path
     sandbox: Sandbox
     read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES
+    mcp: McpServers | None = None
+    project: str = ""
+    thread: str | None = None
+    call_id: str = ""
+    timeout_s: float = 60.0
 
 
 Implementation = Callable[[dict[str, Any], ToolContext], dict[str, Any]]
