@@ -40,12 +40,14 @@ lint: install
 check-migrations: install
 	DJANGO_SETTINGS_MODULE=kestrel_one.settings_test $(BIN)/python manage.py makemigrations --check --dry-run
 
-## A Docker engine and the locally built tool image (no registry needed).
+## A Docker engine and the locally built tool image and managed MCP server images (no
+## registry needed; both scripts skip an image that is already current).
 docker-ready:
 	bash deploy/scripts/ensure-docker.sh
 
 images: docker-ready
 	bash deploy/images/tool-runtime/build.sh
+	bash deploy/images/mcp-servers/build.sh
 
 ## Bubblewrap, the other sandbox backend (single-host without Docker); the tests need both.
 sandboxes: images
