@@ -41,6 +41,7 @@ from runners.mcp.errors import (
     McpProtocolError,
     McpStartFailed,
     McpTimeout,
+    McpToolChanged,
     McpUnavailable,
 )
 from runners.mcp.session import (
@@ -284,16 +285,10 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     error = answer.get("error")
     if not isinstance(error, dict):
         raise McpProtocolError("the server's relay gave a malformed answer")
-    raise _RelayedError(str(error.get("code")), str(error.get("message")), error.get("details"))
-
-
-class _RelayedError(McpError):
-    """An MCP error the relay met, with its code (and a changed tool's details)."""
-
-    def __init__(self, code: str, message: str, details: Any) -> None:
-        super().__init__(message)
-        self.code = code if code.startswith("mcp_") else "mcp_protocol_error"
-        self.details = details if isinstance(details, dict) else None
+    code, message, details = str(error.get("code")), str(error.get("message")), error.get("details")
+    if code == McpToolChanged.code and isinstance(details, dict):
+        raise McpToolChanged.relayed(message, details)
+    raise ERRORS_BY_CODE.get(code, McpProtocolError)(message)
 
 
 def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
