@@ -46,7 +46,6 @@ from runners.mcp.errors import (
 )
 from runners.mcp.session import (
     ENGINE_ERRORS,
-    MCP_LABEL,
     START_TIMEOUT_SECONDS,
     call_pinned,
     remove_container,
@@ -56,7 +55,13 @@ from runners.sandbox.base import SandboxUnavailable
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.sandbox.warm_host import agent_root_directory
 
-__all__ = ["MCP_WARM_LABEL", "DockerMcpServers", "reap_mcp_call", "remove_stale_mcp_servers"]
+__all__ = [
+    "MCP_WARM_LABEL",
+    "DockerMcpServers",
+    "reap_mcp_call",
+    "remove_stale_mcp_servers",
+    "stop_mcp_servers",
+]
 
 MCP_WARM_LABEL = f"{LABEL_PREFIX}mcp-warm"
 RELAY_PREFIX = "mcp-"
@@ -124,6 +129,11 @@ class DockerMcpServers:
                 return _answer(_ask(relay, request, timeout_s + ANSWER_GRACE_SECONDS))
             except _Retry:
                 continue
+            finally:
+                # The thread may have ended while the server started or the call ran (the
+                # notice reached another process): its server goes now, not when idle.
+                if self._ended(project, thread):
+                    self.end_thread(project, thread)
         return self._call_once(pinned, tool, arguments, labels, call_id, workspace, timeout_s)
 
     def _ended(self, project: str, thread: str) -> bool:
@@ -275,6 +285,26 @@ class DockerMcpServers:
                 _kill_relay(directory)
             stopped += 1
         return stopped
+
+
+def stop_mcp_servers(runner_id: str) -> int:
+    """The runner is stopping: stop each of its warm servers on this host (a busy one after
+    its call); how many."""
+    try:
+        root = agent_root_directory()
+    except SandboxUnavailable:
+        return 0
+    stopped = 0
+    for directory in _relay_dirs(root):
+        spec = _spec(directory)
+        if spec is None or spec.get("runner") != runner_id:
+            continue
+        try:
+            _ask(directory / "relay.sock", {"op": "stop"}, 10)
+        except (_Retry, McpError):
+            _kill_relay(directory)
+        stopped += 1
+    return stopped
 
 
 def _answer(answer: dict[str, Any]) -> dict[str, Any]:
@@ -486,6 +516,3 @@ def remove_stale_mcp_servers(runner_id: str) -> int:
     finally:
         client.close()
     return removed
-
-
-__all__ += ["MCP_LABEL"]
