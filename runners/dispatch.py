@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.contract.registry import get_tool, validate_args
-from runners.contract.toolspec import DEFAULT_READ_MAX_FILE_BYTES, ToolContext
+from runners.contract.toolspec import DEFAULT_READ_MAX_FILE_BYTES, McpServers, ToolContext
 from runners.sandbox import ConfinedSandbox, ExecLimits, SandboxBackend
 from runners.workspace import WorkspaceFull
 from runners.write_budget import CallWriteBudget, WriteBudgetExceeded
@@ -32,6 +32,10 @@ def run_verified(
     read_max_file_bytes: int = DEFAULT_READ_MAX_FILE_BYTES,
     write_budget_bytes: int = 0,
     adapter_dir: Path | None = None,
+    mcp: McpServers | None = None,
+    project: str = "",
+    thread: str | None = None,
+    call_id: str = "",
 ) -> dict[str, Any]:
     """Run one call whose ``args`` were already validated for ``tool_name``.
 
@@ -41,7 +45,9 @@ def run_verified(
     which must then be a mounted quota filesystem, by that much at most
     (``runners.write_budget``); one that uses it up fails ``write_budget_exceeded``.
     ``adapter_dir`` is the call's adapter broker directory, mounted into its sandbox
-    (``runners.adapter_broker``).
+    (``runners.adapter_broker``). ``mcp`` is the runner's MCP servers where its backend
+    can run them (Docker), and ``project``/``thread``/``call_id`` the call's scope, which
+    ``mcp.call`` picks (and labels) its server by; its time limit is ``limits.timeout_s``.
     """
     tool = get_tool(tool_name)
     workspace = Path(workspace)
@@ -49,7 +55,14 @@ def run_verified(
         backend, workspace=workspace, limits=limits, labels=labels, adapter_dir=adapter_dir
     )
     context = ToolContext(
-        workspace=workspace, sandbox=sandbox, read_max_file_bytes=read_max_file_bytes
+        workspace=workspace,
+        sandbox=sandbox,
+        read_max_file_bytes=read_max_file_bytes,
+        mcp=mcp,
+        project=project,
+        thread=thread,
+        call_id=call_id,
+        timeout_s=limits.timeout_s,
     )
     # A tool the policy lets only read cannot grow the workspace; it needs no budget, and
     # must not be failed for what a concurrent call of the project wrote.

@@ -30,6 +30,12 @@ from runners.callstate import HEARTBEAT_SECONDS, CallState, Lease, LeaseKeeper, 
 from runners.config import RunnerConfig
 from runners.contract.canonical import token_digest
 from runners.contract.errors import RunnerError
+from runners.contract.mcp_discovery import (
+    DiscoveryRefused,
+    DiscoveryRequest,
+    sign_discovery_report,
+    verify_discovery_request,
+)
 from runners.contract.registry import get_tool
 from runners.contract.tokens import (
     Command,
@@ -41,10 +47,13 @@ from runners.contract.tokens import (
     verify_command,
     verify_control_message,
 )
+from runners.contract.toolspec import McpServers
 from runners.report_budget import REPORT_TOO_LARGE, fit_result
 from runners.sandbox import (
+    DockerBackend,
     ExecLimits,
     SandboxBackend,
+    WarmDockerBackend,
     select_backend,
 )
 from runners.started import StartedReport, StartTimer, daemon_timer
@@ -55,6 +64,8 @@ from runners.workspace import workspace_for, workspace_remove
 # "none" when no backend could be had (it then failed closed without running).
 WORKSPACE_SANDBOX = "workspace"
 NO_SANDBOX = "none"
+# The backends whose engine can run MCP server containers.
+DOCKER_BACKENDS = (DockerBackend, WarmDockerBackend)
 
 log = logging.getLogger("kestrel.runner")
 
@@ -90,6 +101,16 @@ class Runner:
     # How a process call's adapter broker reaches the control plane (runners.adapter_broker);
     # None: process calls get no broker (no socket is mounted).
     adapter_transport: AdapterTransport | None = None
+    # The MCP servers (runners.mcp.servers), given to a call only when its backend is Docker
+    # (plain or warm): a server container needs the engine. None: mcp.call fails
+    # mcp_unavailable.
+    mcp_servers: McpServers | None = None
+    # Answers a verified MCP discovery request with its report's claims (image,
+    # server_info, tools, error: runners.mcp.discovery.discover); None where the backend
+    # cannot run MCP servers (the report then says mcp_unavailable).
+    discover_mcp: Callable[[DiscoveryRequest], dict[str, Any]] | None = None
+    # Sends a signed discovery report to the control plane (control.mcp_discovered).
+    report_discovery: Callable[[str], None] = field(default=lambda token: None)
 
     # --- entry point ---------------------------------------------------------------
 
@@ -157,6 +178,52 @@ class Runner:
         else:
             self._log("control_refused", level=logging.WARNING, code="unknown_type")
             return Disposition.REFUSED
+        return Disposition.APPLIED
+
+    def handle_discovery(self, token: Any) -> Disposition:
+        """Answer one MCP discovery request (runners.contract.mcp_discovery): verified like
+        a command, then the server is started, its tools listed and a report signed with
+        this runner's key sent back; a refused request is logged and dropped."""
+        try:
+            request = verify_discovery_request(
+                token, control_public_key=self.control_public_key, pool=self.config.pool
+            )
+        except DiscoveryRefused as refused:
+            self._log(
+                "discovery_refused",
+                level=logging.WARNING,
+                code=refused.code,
+                message=refused.message,
+            )
+            return Disposition.REFUSED
+        claims: dict[str, Any]
+        if self.config.organization is not None and request.org != self.config.organization:
+            message = "this runner is dedicated to another organization; nothing was started"
+            claims = {"code": "wrong_organization", "message": message}
+            claims = {"image": None, "server_info": None, "tools": None, "error": claims}
+        elif self.discover_mcp is None:
+            message = "MCP servers run only on a runner with the Docker sandbox"
+            claims = {"code": "mcp_unavailable", "message": message}
+            claims = {"image": None, "server_info": None, "tools": None, "error": claims}
+        else:
+            claims = self.discover_mcp(request)
+        report = sign_discovery_report(
+            {
+                "iss": self.config.runner_id,
+                "discovery": request.jti,
+                "request_digest": request.request_digest,
+                **claims,
+            },
+            self.private_key,
+        )
+        self.report_discovery(report)
+        error = claims.get("error")
+        self._log(
+            "mcp_discovered",
+            discovery=request.jti,
+            tools=None if claims.get("tools") is None else len(claims["tools"]),
+            error=error.get("code") if isinstance(error, dict) else None,
+        )
         return Disposition.APPLIED
 
     def _delete_project(self, message: ControlMessage) -> None:
@@ -326,7 +393,7 @@ class Runner:
 
     def _execute(
         self, command: Command, started: StartedReport | None = None
-    ) -> tuple[str, dict[str, Any] | None, dict[str, str] | None, str | None]:
+    ) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, str | None]:
         """Run the tool; every failure becomes a typed error, nothing escapes unsandboxed."""
         backend: SandboxBackend | None = None
         try:
@@ -360,10 +427,17 @@ class Runner:
                     read_max_file_bytes=self.config.read_max_file_bytes,
                     write_budget_bytes=self.config.call_write_budget_bytes,
                     adapter_dir=adapter_dir,
+                    mcp=self.mcp_servers if isinstance(backend, DOCKER_BACKENDS) else None,
+                    project=command.prj,
+                    thread=command.thr,
+                    call_id=command.jti,
                 )
         except RunnerError as error:
-            outcome = ("failed", None, {"code": error.code, "message": str(error)})
-            return (*outcome, self._sandbox_name(command, backend))
+            body: dict[str, Any] = {"code": error.code, "message": str(error)}
+            details = getattr(error, "details", None)
+            if isinstance(details, dict):
+                body["details"] = details  # bounded by its error (runners.mcp.errors)
+            return "failed", None, body, self._sandbox_name(command, backend)
         except Exception:
             log.exception("tool %s crashed in call %s", command.tool, command.jti)
             error_body = {"code": "internal_error", "message": "the runner failed unexpectedly"}
@@ -440,7 +514,7 @@ class Runner:
         *,
         outcome: str,
         result: dict[str, Any] | None,
-        error: dict[str, str] | None,
+        error: dict[str, Any] | None,
         sandbox: str | None = None,
         started_at: str | None = None,
     ) -> str:

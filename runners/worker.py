@@ -40,11 +40,15 @@ from runners.contract.names import (
     CONTROL_TASK,
     EXECUTE_TASK,
     HEARTBEAT_TASK,
+    MCP_DISCOVER_TASK,
+    MCP_DISCOVERED_TASK,
     REPORT_QUEUE,
     REPORT_TASK,
     control_exchange,
 )
 from runners.heartbeat import HEARTBEAT_EXPIRES_SECONDS, start_heartbeats
+from runners.mcp.discovery import discover
+from runners.mcp.servers import DockerMcpServers, reap_mcp_call, remove_stale_mcp_servers
 from runners.orphans import reap_orphan_containers, remove_stale_warm_containers
 from runners.runner import Runner
 from runners.warm_chooser import WarmBackendChooser
@@ -54,6 +58,7 @@ __all__ = [
     "app",
     "celery_settings",
     "current_runner",
+    "discover_mcp_server",
     "execute_command",
     "handle_control_message",
 ]
@@ -126,6 +131,17 @@ def current_runner() -> Runner:
             state = CallState(client, worker=worker, namespace=pool_namespace(config.pool))
             chooser = WarmBackendChooser.from_environment(thread_ended=state.thread_ended)
             docker_capable = config.sandbox in ("auto", "docker")
+            # Warm MCP servers follow the warm sandboxes' settings (runners.mcp.servers).
+            mcp = (
+                DockerMcpServers(
+                    runner_id=config.runner_id,
+                    idle_seconds=chooser.idle_seconds,
+                    max_servers=chooser.max_containers if chooser.enabled else 0,
+                    thread_ended=state.thread_ended,
+                )
+                if docker_capable
+                else None
+            )
             runner = Runner(
                 config=config,
                 private_key=config.private_key(),
@@ -133,16 +149,28 @@ def current_runner() -> Runner:
                 state=state,
                 report=send_report,
                 choose_backend=chooser,
-                reap_orphans=reap_orphan_containers if docker_capable else (lambda call_id: 0),
+                reap_orphans=(
+                    (lambda call_id: reap_orphan_containers(call_id) + reap_mcp_call(call_id))
+                    if docker_capable
+                    else (lambda call_id: 0)
+                ),
                 end_thread=(
                     (
-                        lambda project, thread: chooser.end_thread(
-                            project, thread, runner_id=config.runner_id
+                        lambda project, thread: (
+                            chooser.end_thread(project, thread, runner_id=config.runner_id)
+                            + (mcp.end_thread(project, thread) if mcp is not None else 0)
                         )
                     )
                     if docker_capable
                     else (lambda project, thread: 0)
                 ),
+                mcp_servers=mcp,
+                discover_mcp=(
+                    (lambda request: discover(request, runner_id=config.runner_id))
+                    if docker_capable
+                    else None
+                ),
+                report_discovery=send_discovery_report,
                 # Answers are pushed on the broker's Redis, where the control plane is.
                 adapter_transport=RedisAdapterTransport(
                     send_task=send_adapter_request,
@@ -166,6 +194,8 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     if config.sandbox in ("auto", "docker"):
         removed = remove_stale_warm_containers(config.runner_id)
         log.info(json.dumps({"event": "warm_containers_removed", "count": removed}))
+        removed = remove_stale_mcp_servers(config.runner_id)
+        log.info(json.dumps({"event": "mcp_servers_removed", "count": removed}))
 
 
 @celeryd_after_setup.connect
@@ -235,6 +265,12 @@ def send_report(result_token: str) -> None:
     app.send_task(REPORT_TASK, args=[result_token], queue=REPORT_QUEUE, declare=[])
 
 
+def send_discovery_report(report_token: str) -> None:
+    """Send a signed MCP discovery report (runners.contract.mcp_discovery) to the control
+    plane; not declared (``declare=[]``), as a call's report."""
+    app.send_task(MCP_DISCOVERED_TASK, args=[report_token], queue=REPORT_QUEUE, declare=[])
+
+
 def send_adapter_request(request_token: str) -> None:
     """Send a workload's signed adapter request (runners.adapter_broker) to the control plane.
 
@@ -291,3 +327,23 @@ def handle_control_message(control_token: str) -> str:
     could only deliver it again here.
     """
     return current_runner().handle_control(control_token).value
+
+
+@app.task(
+    name=MCP_DISCOVER_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def discover_mcp_server(request_token: str) -> str:
+    """Answer one signed MCP discovery request (``Runner.handle_discovery``). Discovery has
+    no effect beyond a container it removes, so a delivery a dead worker left is run again;
+    a broker that is unreachable for the report hands the message back."""
+    try:
+        return current_runner().handle_discovery(request_token).value
+    except kombu.exceptions.OperationalError as error:
+        log.error(
+            json.dumps({"event": "infrastructure_error", "error": str(error)[:500]}, sort_keys=True)
+        )
+        time.sleep(INFRASTRUCTURE_RETRY_PAUSE_SECONDS)
+        raise Reject(str(error), requeue=True) from None

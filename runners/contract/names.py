@@ -15,6 +15,8 @@ __all__ = [
     "CONTROL_TIER_TASKS",
     "EXECUTE_TASK",
     "HEARTBEAT_TASK",
+    "MCP_DISCOVERED_TASK",
+    "MCP_DISCOVER_TASK",
     "REPORT_QUEUE",
     "REPORT_TASK",
     "RESULT_AUDIENCE",
@@ -40,6 +42,10 @@ ADAPTER_REQUEST_TASK = "control.adapter_request"
 # messages (the pool's fanout exchange).
 EXECUTE_TASK = "runner.execute"
 CONTROL_TASK = "runner.control"
+# Control plane -> runner: one signed MCP discovery request (runners.contract.mcp_discovery),
+# on ``runner.<pool>``; runner -> control plane: its signed report, on ``CONTROL_QUEUE``.
+MCP_DISCOVER_TASK = "runner.mcp_discover"
+MCP_DISCOVERED_TASK = "control.mcp_discovered"
 
 # Control-tier tools (``Tier.CONTROL``): never signed to a runner. Their calls are sent, by
 # action id, as these tasks on ``ADAPTERS_QUEUE``, which only control-tier workers consume

@@ -116,6 +116,8 @@ HEARTBEAT_INTERVAL_SECONDS = 30.0
 # The largest token of any kind either side reads at all (a command carries a restore
 # archive, about 1.4 MB of base64, at most).
 MAX_TOKEN_BYTES = 4 * 1024 * 1024
+# A report error's optional ``details`` (canonical JSON), e.g. a changed MCP tool's definition.
+MAX_ERROR_DETAILS_BYTES = 64 * 1024
 # The default size budget of one signed report: what a runner fits its reports into
 # (KESTREL_MAX_REPORT_BYTES, runners.report_budget) and what the control plane records at
 # most (the setting of the same name). A runner's budget must not exceed the control plane's.
@@ -569,7 +571,8 @@ class RunnerReport:
     """A verified runner report about one call; field names are the claim names.
 
     ``event`` is "started" (outcome, result and error null) or "finished" (outcome
-    "succeeded" with a result, or "failed" with an error ``{"code", "message"}``).
+    "succeeded" with a result, or "failed" with an error ``{"code", "message"}`` and,
+    optionally, bounded ``details``).
     """
 
     iss: str
@@ -583,7 +586,7 @@ class RunnerReport:
     event: str
     outcome: str | None
     result: dict[str, Any] | None
-    error: dict[str, str] | None
+    error: dict[str, Any] | None
     sandbox: str | None
     started_at: str | None
     finished_at: str | None
@@ -791,11 +794,13 @@ def _check_result_claims(claims: Mapping[str, Any]) -> None:
             require(result is None or isinstance(result, dict), "result", "an object or null")
             require(
                 isinstance(error, dict)
-                and set(error) == {"code", "message"}
+                and set(error) in ({"code", "message"}, {"code", "message", "details"})
                 and _is_text(error["code"])
-                and isinstance(error["message"], str),
+                and isinstance(error["message"], str)
+                and _is_error_details(error.get("details", {})),
                 "error",
-                'an object {"code", "message"}',
+                'an object {"code", "message"} with an optional "details" object of at most '
+                f"{MAX_ERROR_DETAILS_BYTES} bytes",
             )
         else:
             require(False, "outcome", '"succeeded" or "failed"')
@@ -929,6 +934,17 @@ def _b64decode(segment: str) -> bytes:
         return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
     except binascii.Error as error:
         raise ValueError(str(error)) from None
+
+
+def _is_error_details(value: Any) -> bool:
+    """A report error's optional ``details``: an object, bounded (a changed MCP tool's
+    observed definitions, runners.mcp.errors.McpToolChanged)."""
+    if not isinstance(value, dict):
+        return False
+    try:
+        return len(canonical_json(value)) <= MAX_ERROR_DETAILS_BYTES
+    except (TypeError, ValueError):
+        return False
 
 
 def _is_int(value: Any) -> bool:

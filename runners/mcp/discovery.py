@@ -1,0 +1,197 @@
+"""Discovery on the runner: resolve and verify the image, start the server, list its tools.
+
+``discover`` answers one verified ``DiscoveryRequest`` (runners.contract.mcp_discovery)
+with the claims of its report: the image id run, the server's name and version, and every
+tool it lists (their definitions, ``DEFINITION_FIELDS`` only, so the report is bounded and
+the control plane digests exactly what the runner checks before each call), or an error.
+The server runs as for a call (``runners.mcp.session``), with an empty temporary
+directory as its workspace when its profile mounts one, and is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import docker.errors
+
+from runners.contract.canonical import canonical_json
+from runners.contract.mcp import (
+    MANAGED_SERVERS,
+    MAX_DESCRIPTION_CHARS,
+    MAX_SCHEMA_BYTES,
+    tool_definition,
+)
+from runners.contract.mcp_discovery import DiscoveryRequest
+from runners.mcp.errors import (
+    McpError,
+    McpImageMismatch,
+    McpImageMissing,
+    McpProtocolError,
+    McpUnavailable,
+)
+from runners.mcp.session import ENGINE_ERRORS, START_TIMEOUT_SECONDS, list_tools, server_session
+from runners.workspace import workspace_owner
+
+__all__ = ["LIST_TIMEOUT_SECONDS", "MAX_REPORT_TOOLS_BYTES", "discover", "resolve_image"]
+
+LIST_TIMEOUT_SECONDS = 60.0
+# All listed definitions together, within a report the control plane takes (4 MiB).
+MAX_REPORT_TOOLS_BYTES = 3 * 1024 * 1024
+_MAX_MESSAGE_CHARS = 4000
+
+
+def resolve_image(client: Any, profile: dict[str, Any], managed: str | None) -> str:
+    """The id of the image the server runs from, checked against the engine.
+
+    Managed: the id of MANAGED_SERVERS[managed]["image"] on this engine. Custom: the
+    profile's image id must exist, and the reference (``REPO@sha256:DIGEST``) must name it:
+    REPO among the image's repositories (RepoTags, RepoDigests) and DIGEST its id (a local
+    image has no RepoDigests) or one of its repository digests.
+    """
+    try:
+        if managed is not None:
+            tag = MANAGED_SERVERS[managed]["image"]
+            try:
+                return str(client.images.get(tag).id)
+            except docker.errors.ImageNotFound:
+                raise McpImageMissing(
+                    f"the managed image {tag} is not on this runner's engine "
+                    "(deploy/images/mcp-servers/build.sh builds it)"
+                ) from None
+        reference = str(profile["reference"])
+        repository, at, pinned = reference.rpartition("@")
+        if not at or not repository or not pinned.startswith("sha256:"):
+            raise McpImageMismatch(f"the reference {reference!r} is not REPO@sha256:DIGEST")
+        try:
+            image = client.images.get(profile["image"])
+        except docker.errors.ImageNotFound:
+            raise McpImageMissing(f"the engine has no image {profile['image']}") from None
+    except ENGINE_ERRORS as error:
+        if isinstance(error, docker.errors.ImageNotFound):
+            raise
+        raise McpUnavailable(f"docker: no engine answers ({error})") from None
+    attrs = image.attrs
+    digests = list(attrs.get("RepoDigests") or [])
+    repositories = {_repository_of_tag(tag) for tag in attrs.get("RepoTags") or []}
+    repositories |= {entry.partition("@")[0] for entry in digests}
+    if repository not in repositories:
+        raise McpImageMismatch(
+            f"the image {image.id} is not from {repository} (its repositories: "
+            f"{', '.join(sorted(repositories)) or 'none'})"
+        )
+    if pinned != image.id and f"{repository}@{pinned}" not in digests:
+        raise McpImageMismatch(f"{reference} does not name the image {image.id}")
+    return str(image.id)
+
+
+def _repository_of_tag(tag: str) -> str:
+    name, colon, suffix = tag.rpartition(":")
+    return name if colon and "/" not in suffix else tag
+
+
+def discover(
+    request: DiscoveryRequest,
+    *,
+    runner_id: str,
+    client: Any | None = None,
+    start_timeout: float = START_TIMEOUT_SECONDS,
+    list_timeout: float = LIST_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """The report's claims for ``request`` (``image``, ``server_info``, ``tools``,
+    ``error``), without the envelope; failures become an error, never an exception."""
+    own = client is None
+    image: str | None = None
+    try:
+        if client is None:
+            try:
+                client = docker.from_env()
+            except docker.errors.DockerException as error:
+                raise McpUnavailable(f"docker: no engine answers ({error})") from None
+        profile = dict(request.profile)
+        image = resolve_image(client, profile, request.managed)
+        profile["image"] = image
+        server_info, tools = _list(
+            client, profile, runner_id, request.discovery, start_timeout, list_timeout
+        )
+        return {"image": image, "server_info": server_info, "tools": tools, "error": None}
+    except McpError as error:
+        return {
+            "image": image,
+            "server_info": None,
+            "tools": None,
+            "error": {"code": error.code, "message": str(error)[:_MAX_MESSAGE_CHARS]},
+        }
+    finally:
+        if own and client is not None:
+            client.close()
+
+
+def _list(
+    client: Any,
+    profile: dict[str, Any],
+    runner_id: str,
+    discovery: str,
+    start_timeout: float,
+    list_timeout: float,
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    workspace = _empty_workspace() if profile["workspace"] != "none" else None
+
+    async def listing() -> tuple[dict[str, str], list[dict[str, Any]]]:
+        async with server_session(
+            client,
+            profile,
+            labels={"runner": runner_id, "discovery": discovery},
+            workspace=workspace,
+            start_timeout=start_timeout,
+        ) as (session, init, _container):
+            info = {
+                "name": str(init.server_info.name)[:256],
+                "version": str(init.server_info.version or "")[:256],
+            }
+            return info, await list_tools(session, timeout_s=list_timeout)
+
+    try:
+        info, listed = anyio.run(listing)
+    finally:
+        if workspace is not None:
+            shutil.rmtree(workspace, ignore_errors=True)
+    return info, _bounded_definitions(listed)
+
+
+def _bounded_definitions(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The definitions to report; a server whose tools exceed the bounds is refused whole
+    (a definition cut to fit would be another definition)."""
+    definitions, total = [], 0
+    for entry in listed:
+        definition = tool_definition(entry)
+        name = str(definition.get("name", ""))[:128]
+        description = definition.get("description")
+        if isinstance(description, str) and len(description) > MAX_DESCRIPTION_CHARS:
+            raise McpProtocolError(
+                f"the tool {name!r} has a description over {MAX_DESCRIPTION_CHARS} characters"
+            )
+        for field in ("inputSchema", "outputSchema"):
+            if field in definition and len(canonical_json(definition[field])) > MAX_SCHEMA_BYTES:
+                raise McpProtocolError(
+                    f"the tool {name!r} has an {field} over {MAX_SCHEMA_BYTES} bytes"
+                )
+        total += len(canonical_json(definition))
+        if total > MAX_REPORT_TOOLS_BYTES:
+            raise McpProtocolError(
+                f"the server's tool definitions exceed {MAX_REPORT_TOOLS_BYTES} bytes in all"
+            )
+        definitions.append(definition)
+    return definitions
+
+
+def _empty_workspace() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="kestrel-mcp-discovery-"))
+    if os.geteuid() == 0:
+        os.chown(path, *workspace_owner())
+    return path

@@ -1,0 +1,496 @@
+"""``DockerMcpServers``: the runner's ``McpServers`` (runners.contract.toolspec) on Docker.
+
+A call of a thread goes to the thread's warm server for the same (project, thread, server,
+profile digest) on this runner host, through its relay (``runners.mcp.relay``), started on
+first use under a per-key lock so that two worker processes never start two. A call
+without a thread, of a thread that ended, or with the cap reached and nothing idle to make
+room, gets a throwaway server in this process: started, checked, called once, removed.
+Warm servers share the warm sandboxes' settings (KESTREL_WARM_IDLE_SECONDS,
+KESTREL_WARM_MAX_CONTAINERS, KESTREL_WARM_AGENT_DIR); the cap counts MCP servers on their
+own. docs/runners.md ("MCP servers") has the design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import docker.errors
+
+import runners
+from runners.contract.mcp import MAX_OUTPUT_CHARS, profile_digest
+from runners.mcp.errors import (
+    ERRORS_BY_CODE,
+    McpError,
+    McpProtocolError,
+    McpStartFailed,
+    McpTimeout,
+    McpUnavailable,
+)
+from runners.mcp.session import (
+    ENGINE_ERRORS,
+    MCP_LABEL,
+    START_TIMEOUT_SECONDS,
+    call_pinned,
+    remove_container,
+    server_session,
+)
+from runners.sandbox.base import SandboxUnavailable
+from runners.sandbox.docker import LABEL_PREFIX
+from runners.sandbox.warm_host import agent_root_directory
+
+__all__ = ["MCP_WARM_LABEL", "DockerMcpServers", "reap_mcp_call", "remove_stale_mcp_servers"]
+
+MCP_WARM_LABEL = f"{LABEL_PREFIX}mcp-warm"
+RELAY_PREFIX = "mcp-"
+# An answer: the bounded result (text up to MAX_OUTPUT_CHARS, JSON-escaped) and its frame.
+MAX_ANSWER_BYTES = 8 * MAX_OUTPUT_CHARS + 256 * 1024
+# Beyond the call's own timeout: the list before it, and the relay's own answer.
+ANSWER_GRACE_SECONDS = 30.0
+
+
+class _Retry(Exception):
+    """The relay did not send the call (stopping, or its server died idle)."""
+
+
+@dataclass
+class DockerMcpServers:
+    runner_id: str
+    idle_seconds: float
+    max_servers: int
+    # (project, thread) -> whether the thread ended (the runner's call state).
+    thread_ended: Callable[[str, str], bool] | None = None
+    root: Path | None = None
+    start_timeout: float = START_TIMEOUT_SECONDS
+
+    def _root(self) -> Path:
+        if self.root is None:
+            try:
+                self.root = agent_root_directory()
+            except SandboxUnavailable as error:
+                raise McpUnavailable(str(error)) from None
+        return self.root
+
+    # --- McpServers ------------------------------------------------------------------
+
+    def call(
+        self,
+        pinned: Mapping[str, Any],
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        project: str,
+        thread: str | None,
+        call_id: str,
+        workspace: Path,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        profile = pinned["profile"]
+        if profile_digest(profile) != pinned["profile_sha256"]:
+            raise McpStartFailed("the pinned profile does not match its digest; not started")
+        labels = {"project": project, "runner": self.runner_id}
+        if thread is None or self.max_servers == 0 or self._ended(project, thread):
+            return self._call_once(pinned, tool, arguments, labels, call_id, workspace, timeout_s)
+        request = {
+            "op": "call",
+            "pinned": dict(pinned),
+            "tool": tool,
+            "arguments": dict(arguments),
+            "timeout_s": timeout_s,
+            "call_id": call_id,
+        }
+        for _attempt in range(2):
+            relay = self._relay(project, thread, pinned, workspace, {**labels, "thread": thread})
+            if relay is None:
+                break
+            try:
+                return _answer(_ask(relay, request, timeout_s + ANSWER_GRACE_SECONDS))
+            except _Retry:
+                continue
+        return self._call_once(pinned, tool, arguments, labels, call_id, workspace, timeout_s)
+
+    def _ended(self, project: str, thread: str) -> bool:
+        if self.thread_ended is None:
+            return False
+        try:
+            return bool(self.thread_ended(project, thread))
+        except Exception:
+            return True
+
+    def _call_once(
+        self,
+        pinned: Mapping[str, Any],
+        tool: str,
+        arguments: Mapping[str, Any],
+        labels: dict[str, str],
+        call_id: str,
+        workspace: Path,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """A throwaway server for one call, labelled with the call (reaped by recovery)."""
+        client = _client()
+
+        async def once() -> dict[str, Any]:
+            async with server_session(
+                client,
+                pinned["profile"],
+                labels={**labels, "call": call_id},
+                workspace=workspace,
+                start_timeout=self.start_timeout,
+            ) as (session, _init, _container):
+                return await call_pinned(session, pinned, tool, arguments, timeout_s=timeout_s)
+
+        try:
+            return anyio.run(once)
+        finally:
+            client.close()
+
+    # --- warm relays -----------------------------------------------------------------
+
+    def _relay(
+        self,
+        project: str,
+        thread: str,
+        pinned: Mapping[str, Any],
+        workspace: Path,
+        labels: dict[str, str],
+    ) -> Path | None:
+        """The socket of the key's relay, started if none answers; None: use a throwaway."""
+        root = self._root()
+        key = "\0".join(
+            (self.runner_id, project, thread, pinned["profile"]["server"], pinned["profile_sha256"])
+        )
+        name = RELAY_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:24]
+        directory = root / name
+        sock = directory / "relay.sock"
+        with _flock(root / f"{name}.lock", self.start_timeout + 30):
+            if sock.exists():
+                try:
+                    _ask(sock, {"op": "ping"}, 10)
+                    return sock
+                except (_Retry, McpError):
+                    _kill_relay(directory)
+            if not self._make_room(root, keep=name):
+                return None
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(mode=0o700)
+            spec = {
+                "profile": pinned["profile"],
+                "labels": {**labels, "mcp-warm": "true", "mcp-relay": str(directory)},
+                "workspace": str(workspace) if pinned["profile"]["workspace"] != "none" else None,
+                "idle_seconds": self.idle_seconds,
+                "project": project,
+                "thread": thread,
+                "runner": self.runner_id,
+            }
+            (directory / "spec.json").write_text(json.dumps(spec))
+            self._spawn(directory)
+            return sock
+
+    def _spawn(self, directory: Path) -> None:
+        env = dict(os.environ)
+        source = str(Path(runners.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
+        log = open(directory / "relay.log", "wb")
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "runners.mcp.relay", str(directory)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+                env=env,
+            )
+        finally:
+            log.close()
+        assert process.stdout is not None
+        try:
+            process.wait(timeout=30)  # the launcher forks the relay and exits
+            line = _read_line(process.stdout, self.start_timeout + 10)
+        finally:
+            process.stdout.close()
+        if line is None:
+            _kill_relay(directory)
+            raise McpStartFailed("the server's relay did not report its start in time")
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = {}
+        if message.get("ready") is True:
+            return
+        error = message.get("error") or {}
+        code, text = str(error.get("code", "")), str(error.get("message", "the relay failed"))
+        raise ERRORS_BY_CODE.get(code, McpStartFailed)(text[:2000])
+
+    def _make_room(self, root: Path, *, keep: str) -> bool:
+        """At most ``max_servers`` warm servers on this host: stop the least recently used
+        idle ones; False when every one is busy."""
+        relays = [d for d in _relay_dirs(root) if d.name != keep and (d / "relay.sock").exists()]
+        excess = len(relays) - self.max_servers + 1
+        for directory in sorted(relays, key=_last_used):
+            if excess <= 0:
+                break
+            try:
+                if _ask(directory / "relay.sock", {"op": "stop_if_idle"}, 10).get("ok"):
+                    excess -= 1
+            except (_Retry, McpError):
+                _kill_relay(directory)
+                excess -= 1
+        return excess <= 0
+
+    def end_thread(self, project: str, thread: str) -> int:
+        """Stop the thread's warm servers on this host (busy ones after their call)."""
+        stopped = 0
+        try:
+            root = self._root()
+        except McpUnavailable:
+            return 0
+        for directory in _relay_dirs(root):
+            spec = _spec(directory)
+            if spec is None or (spec.get("project"), spec.get("thread")) != (project, thread):
+                continue
+            if spec.get("runner") != self.runner_id:
+                continue
+            try:
+                _ask(directory / "relay.sock", {"op": "stop"}, 10)
+            except (_Retry, McpError):
+                _kill_relay(directory)
+            stopped += 1
+        return stopped
+
+
+def _answer(answer: dict[str, Any]) -> dict[str, Any]:
+    if answer.get("retry") is True:
+        raise _Retry
+    if "ok" in answer and isinstance(answer["ok"], dict):
+        return answer["ok"]
+    error = answer.get("error")
+    if not isinstance(error, dict):
+        raise McpProtocolError("the server's relay gave a malformed answer")
+    raise _RelayedError(str(error.get("code")), str(error.get("message")), error.get("details"))
+
+
+class _RelayedError(McpError):
+    """An MCP error the relay met, with its code (and a changed tool's details)."""
+
+    def __init__(self, code: str, message: str, details: Any) -> None:
+        super().__init__(message)
+        self.code = code if code.startswith("mcp_") else "mcp_protocol_error"
+        self.details = details if isinstance(details, dict) else None
+
+
+def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One request to a relay and its answer. ``_Retry`` if nothing reached it."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.settimeout(10)
+        try:
+            connection.connect(str(sock))
+            connection.sendall(json.dumps(request).encode() + b"\n")
+        except OSError:
+            raise _Retry from None
+        connection.settimeout(timeout)
+        data = b""
+        try:
+            while not data.endswith(b"\n"):
+                chunk = connection.recv(1 << 20)
+                if not chunk:
+                    break
+                data += chunk
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise McpProtocolError("the server's relay answered too much")
+        except TimeoutError:
+            raise McpTimeout("the server did not answer in time") from None
+        except OSError as error:
+            data = b""
+            if request["op"] != "call":
+                raise _Retry from None
+            raise McpProtocolError(f"lost the server mid-call: {error}") from None
+        if not data.endswith(b"\n"):
+            if request["op"] != "call":
+                raise _Retry
+            raise McpProtocolError("the server ended mid-call")
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            raise McpProtocolError("the server's relay gave a malformed answer") from None
+        if not isinstance(answer, dict):
+            raise McpProtocolError("the server's relay gave a malformed answer")
+        return answer
+    finally:
+        connection.close()
+
+
+def _read_line(stream: Any, timeout: float) -> bytes | None:
+    deadline = time.monotonic() + timeout
+    data = b""
+    fd = stream.fileno()
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return data or None
+        data += chunk
+    return data
+
+
+@contextlib.contextmanager
+def _flock(path: Path, timeout: float) -> Any:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise McpStartFailed("another process is starting this server") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _client() -> Any:
+    try:
+        return docker.from_env()
+    except docker.errors.DockerException as error:
+        raise McpUnavailable(f"docker: no engine answers ({error})") from None
+
+
+def _relay_dirs(root: Path) -> list[Path]:
+    try:
+        return [d for d in root.iterdir() if d.name.startswith(RELAY_PREFIX) and d.is_dir()]
+    except OSError:
+        return []
+
+
+def _spec(directory: Path) -> dict[str, Any] | None:
+    try:
+        spec = json.loads((directory / "spec.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def _last_used(directory: Path) -> float:
+    try:
+        return (directory / "spec.json").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _relay_pid(directory: Path) -> int | None:
+    try:
+        return int((directory / "pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _kill_relay(directory: Path, client: Any | None = None) -> None:
+    """End a relay that does not answer, its container and its directory."""
+    pid = _relay_pid(directory)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        container_id = (directory / "container").read_text().strip()
+    except OSError:
+        container_id = ""
+    if container_id:
+        own = client is None
+        engine = client if client is not None else _client()
+        try:
+            remove_container(engine, container_id)
+        finally:
+            if own:
+                engine.close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def reap_mcp_call(call_id: str) -> int:
+    """A dead worker's call in a warm server: end that server (its relay, if still up,
+    already ended it when the worker's connection dropped); how many went."""
+    try:
+        root = agent_root_directory()
+    except SandboxUnavailable:
+        return 0
+    reaped = 0
+    for directory in _relay_dirs(root):
+        try:
+            serving = (directory / "call").read_text()
+        except OSError:
+            continue
+        if serving == call_id:
+            _kill_relay(directory)
+            reaped += 1
+    return reaped
+
+
+def remove_stale_mcp_servers(runner_id: str) -> int:
+    """Runner start: relays that died (their directories) and warm server containers of
+    this runner whose relay is gone; how many containers went."""
+    try:
+        root = agent_root_directory()
+    except SandboxUnavailable:
+        return 0
+    live = set()
+    for directory in _relay_dirs(root):
+        pid = _relay_pid(directory)
+        alive = False
+        if pid is not None:
+            try:
+                os.kill(pid, 0)
+                alive = True
+            except OSError:
+                alive = False
+        if alive:
+            live.add(str(directory))
+        elif time.time() - _last_used(directory) > 60:
+            _kill_relay(directory)
+    try:
+        client = docker.from_env()
+    except docker.errors.DockerException:
+        return 0
+    removed = 0
+    try:
+        for container in client.containers.list(
+            all=True,
+            filters={"label": [f"{MCP_WARM_LABEL}=true", f"{LABEL_PREFIX}runner={runner_id}"]},
+            ignore_removed=True,
+        ):
+            labels = container.labels or {}
+            if labels.get(f"{LABEL_PREFIX}mcp-relay") not in live:
+                remove_container(client, container.id)
+                removed += 1
+    except ENGINE_ERRORS:
+        pass
+    finally:
+        client.close()
+    return removed
+
+
+__all__ += ["MCP_LABEL"]

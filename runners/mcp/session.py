@@ -1,0 +1,335 @@
+"""One MCP server in its container, spoken to over stdio with the MCP Python SDK.
+
+``server_session`` creates the container from a signed profile only (``container_options``:
+the tool sandboxes' hardening, RUN-3, and the profile's image id, mount, network and
+limits), attaches to its stdin and stdout through ``docker start --attach --interactive``
+(the SDK's ``stdio_client`` runs it), initializes the session and removes the container
+when the session ends. ``list_tools`` and ``call_pinned`` are the two things a session is
+used for: listing (discovery, and the check before every call) and one pinned call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker.errors
+import docker.types
+import requests.exceptions
+from mcp import ClientSession, StdioServerParameters
+from mcp import types as mcp_types
+from mcp.client.stdio import stdio_client
+
+from runners.contract.canonical import canonical_json
+from runners.contract.mcp import (
+    MAX_OUTPUT_CHARS,
+    MAX_TOOLS,
+    tool_definition_digest,
+)
+from runners.mcp.errors import (
+    McpImageMissing,
+    McpProtocolError,
+    McpStartFailed,
+    McpTimeout,
+    McpToolChanged,
+    McpUnavailable,
+)
+from runners.mcp.network import ensure_open_network
+from runners.sandbox.docker import LABEL_PREFIX, MANAGED_LABEL
+from runners.workspace import workspace_owner
+
+__all__ = [
+    "MCP_LABEL",
+    "START_TIMEOUT_SECONDS",
+    "bounded_result",
+    "call_pinned",
+    "call_pinned_checked",
+    "check_pinned",
+    "container_options",
+    "list_tools",
+    "listed_tool",
+    "server_session",
+]
+
+MCP_LABEL = f"{LABEL_PREFIX}mcp"
+SERVER_WORKSPACE = "/workspace"
+SERVER_TMP = "/tmp"  # noqa: S108 - the container's own tmpfs
+# How long a server may take from its container's creation to an initialized session.
+START_TIMEOUT_SECONDS = 60.0
+# How much of a server's stderr a start failure quotes.
+STDERR_TAIL_CHARS = 2000
+# What the docker command needs from the runner's environment to reach the same engine.
+_DOCKER_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
+ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+def container_options(
+    profile: Mapping[str, Any],
+    *,
+    labels: Mapping[str, str],
+    workspace: Path | None,
+    network: str,
+) -> dict[str, Any]:
+    """The ``containers.create`` arguments of a server: from its profile and nothing else."""
+    uid, gid = workspace_owner()
+    limits = profile["limits"]
+    mounts = []
+    if profile["workspace"] != "none":
+        if workspace is None:
+            raise McpStartFailed("the server's profile mounts a workspace, but there is none")
+        mounts.append(
+            docker.types.Mount(
+                target=SERVER_WORKSPACE,
+                source=str(Path(workspace).resolve(strict=True)),
+                type="bind",
+                read_only=profile["workspace"] == "ro",
+            )
+        )
+    options: dict[str, Any] = {
+        "user": f"{uid}:{gid}",
+        "environment": {"HOME": SERVER_TMP, "LANG": "C.UTF-8"},
+        "labels": {
+            **{f"{LABEL_PREFIX}{key}": str(value) for key, value in labels.items()},
+            MANAGED_LABEL: "true",
+            MCP_LABEL: profile["server"],
+        },
+        "network_mode": network,
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "ipc_mode": "private",
+        "init": True,
+        "pids_limit": int(limits["pids"]),
+        "mem_limit": f"{int(limits['memory_mb'])}m",
+        "memswap_limit": f"{int(limits['memory_mb'])}m",
+        "nano_cpus": int(float(limits["cpus"]) * 1e9),
+        "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0)],
+        "tmpfs": {SERVER_TMP: f"rw,nosuid,nodev,size={int(limits['tmp_mb'])}m,mode=1777"},
+        "mounts": mounts,
+        "log_config": docker.types.LogConfig(type="none"),
+        # stdio: stdin open for the one attach, closed when it detaches (the server then
+        # reads end of file and exits, whoever held the session).
+        # (not detached: the engine then sets StdinOnce).
+        "stdin_open": True,
+        "detach": False,
+        "tty": False,
+    }
+    if profile["command"]:
+        options["command"] = list(profile["command"])
+    if mounts:
+        options["working_dir"] = SERVER_WORKSPACE
+    return options
+
+
+def _docker_cli() -> str:
+    cli = shutil.which("docker")
+    if cli is None:
+        raise McpUnavailable("MCP servers need the docker command on the runner host")
+    return cli
+
+
+def create_container(
+    client: Any, profile: Mapping[str, Any], *, labels: Mapping[str, str], workspace: Path | None
+) -> str:
+    """Create (not start) the server's container; its id."""
+    try:
+        client.images.get(profile["image"])
+    except docker.errors.ImageNotFound:
+        raise McpImageMissing(
+            f"the engine has no image {profile['image']} (installed as {profile['reference']})"
+        ) from None
+    except ENGINE_ERRORS as error:
+        raise McpUnavailable(f"docker: no engine answers ({error})") from None
+    network = "none"
+    if profile["network"] == "bridge":
+        network = ensure_open_network(client)
+    elif profile["network"] != "none":
+        raise McpStartFailed(f"unknown network {profile['network']!r}")
+    options = container_options(profile, labels=labels, workspace=workspace, network=network)
+    try:
+        return str(client.containers.create(profile["image"], **options).id)
+    except ENGINE_ERRORS as error:
+        raise McpStartFailed(f"docker: cannot create the server's container: {error}") from None
+
+
+def remove_container(client: Any, container_id: str) -> None:
+    with contextlib.suppress(*ENGINE_ERRORS):
+        client.api.remove_container(container_id, force=True)
+
+
+@contextlib.asynccontextmanager
+async def server_session(
+    client: Any,
+    profile: Mapping[str, Any],
+    *,
+    labels: Mapping[str, str],
+    workspace: Path | None,
+    start_timeout: float = START_TIMEOUT_SECONDS,
+) -> AsyncIterator[tuple[ClientSession, mcp_types.InitializeResult, str]]:
+    """An initialized session with a new server container; the container goes afterwards."""
+    cli = _docker_cli()
+    container_id = create_container(client, profile, labels=labels, workspace=workspace)
+    env = {
+        name: os.environ[name] for name in ("DOCKER_HOST", "DOCKER_CONFIG") if name in os.environ
+    }
+    params = StdioServerParameters(
+        command=cli, args=["start", "--attach", "--interactive", container_id], env=env
+    )
+    initialized = False
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
+        try:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    try:
+                        with anyio.fail_after(start_timeout):
+                            init = await session.initialize()
+                    except Exception as error:
+                        raise McpStartFailed(
+                            f"the server did not initialize ({_describe(error)}); its stderr "
+                            f"ends: {_tail(errlog)!r}"
+                        ) from None
+                    initialized = True
+                    yield session, init, container_id
+        except McpStartFailed:
+            raise
+        except Exception as error:
+            if not initialized:
+                raise McpStartFailed(
+                    f"the server did not start ({_describe(error)}); its stderr ends: "
+                    f"{_tail(errlog)!r}"
+                ) from None
+            raise
+        finally:
+            remove_container(client, container_id)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, TimeoutError):
+        return "no answer in time"
+    return f"{type(error).__name__}: {str(error)[:300]}"
+
+
+def _tail(errlog: Any) -> str:
+    try:
+        errlog.flush()
+        errlog.seek(0)
+        return str(errlog.read())[-STDERR_TAIL_CHARS:]
+    except (OSError, ValueError):
+        return ""
+
+
+def listed_tool(tool: mcp_types.Tool) -> dict[str, Any]:
+    """A listed tool as JSON, as both discovery and the check before a call digest it."""
+    return tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def list_tools(session: ClientSession, *, timeout_s: float) -> list[dict[str, Any]]:
+    """Every tool the server lists, following its pages; at most MAX_TOOLS of them."""
+    tools: list[dict[str, Any]] = []
+    cursor: str | None = None
+    try:
+        with anyio.fail_after(timeout_s):
+            for _page in range(MAX_TOOLS + 1):
+                params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                page = await session.list_tools(params=params)
+                tools.extend(listed_tool(tool) for tool in page.tools)
+                if len(tools) > MAX_TOOLS:
+                    raise McpProtocolError(f"the server lists more than {MAX_TOOLS} tools")
+                cursor = page.next_cursor
+                if not cursor:
+                    return tools
+    except TimeoutError:
+        raise McpTimeout("the server did not list its tools in time") from None
+    except McpProtocolError:
+        raise
+    except Exception as error:
+        raise McpProtocolError(f"tools/list failed: {_describe(error)}") from None
+    raise McpProtocolError(f"the server's tool list has more than {MAX_TOOLS} pages")
+
+
+def check_pinned(tools: list[dict[str, Any]], *, server: str, tool: str, tool_sha256: str) -> None:
+    """Refuse the call unless the server lists ``tool`` with the recorded definition."""
+    listed = next((entry for entry in tools if entry.get("name") == tool), None)
+    if listed is None or tool_definition_digest(listed) != tool_sha256:
+        raise McpToolChanged(server, {tool: listed})
+
+
+async def call_pinned(
+    session: ClientSession,
+    pinned: Mapping[str, Any],
+    tool: str,
+    arguments: Mapping[str, Any],
+    *,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """List, check the tool's definition against the signed digest, then call it once."""
+    tools = await list_tools(session, timeout_s=timeout_s)
+    return await call_pinned_checked(
+        session, pinned, tool, arguments, tools=tools, timeout_s=timeout_s
+    )
+
+
+async def call_pinned_checked(
+    session: ClientSession,
+    pinned: Mapping[str, Any],
+    tool: str,
+    arguments: Mapping[str, Any],
+    *,
+    tools: list[dict[str, Any]],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Check the tool's definition in ``tools`` (just listed) against the signed digest,
+    then call it once."""
+    server = pinned["profile"]["server"]
+    check_pinned(tools, server=server, tool=tool, tool_sha256=pinned["tool_sha256"])
+    try:
+        with anyio.fail_after(timeout_s):
+            result = await session.call_tool(tool, dict(arguments))
+    except TimeoutError:
+        raise McpTimeout(f"the tool {tool} did not answer in {timeout_s:g} s") from None
+    except Exception as error:
+        raise McpProtocolError(f"tools/call failed: {_describe(error)}") from None
+    return bounded_result(server, tool, result)
+
+
+def bounded_result(server: str, tool: str, result: mcp_types.CallToolResult) -> dict[str, Any]:
+    """The action's result: the content blocks within MAX_OUTPUT_CHARS in all (text cut,
+    other blocks kept whole or dropped), structured content only if it fits too."""
+    budget = MAX_OUTPUT_CHARS
+    truncated = False
+    content = []
+    for block in result.content:
+        data = block.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if data.get("type") == "text" and isinstance(data.get("text"), str):
+            text = data["text"]
+            if len(text) > budget:
+                text, truncated = text[:budget], True
+            budget -= len(text)
+            content.append({**data, "text": text})
+            continue
+        size = len(canonical_json(data))
+        if size > budget:
+            truncated = True
+            continue
+        budget -= size
+        content.append(data)
+    structured = result.structured_content
+    if structured is not None and (
+        not isinstance(structured, dict) or len(canonical_json(structured)) > MAX_OUTPUT_CHARS
+    ):
+        structured, truncated = None, True
+    return {
+        "server": server,
+        "tool": tool,
+        "is_error": bool(result.is_error),
+        "content": content,
+        "structured_content": structured,
+        "truncated": truncated,
+    }
