@@ -56,7 +56,18 @@ from runners.contract.mcp import (
     tool_definition,
     tool_definition_digest,
 )
-from runners.contract.names import COMMAND_ISSUER, command_audience, runner_queue
+from runners.contract.mcp_discovery import (
+    sign_discovery_request,
+    unverified_discovery_runner_id,
+    verify_discovery_report,
+)
+from runners.contract.names import (
+    COMMAND_ISSUER,
+    MCP_DISCOVER_TASK,
+    command_audience,
+    runner_queue,
+)
+from runners.contract.tokens import ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +111,6 @@ def discovery_start(*, server: McpServer, requested_by=None) -> McpDiscovery:
     """Record a discovery of ``server`` and send its signed request once the caller's
     transaction commits (install, image change, refresh: the caller audits that act). A
     request that cannot be sent is failed by the sweep at its deadline (``no_runner``)."""
-    from runners.contract.mcp_discovery import sign_discovery_request  # h1's contract module
-
     organization = server.organization
     pool = call_pool_for(organization)
     profile = _wire_profile(server)
@@ -134,8 +143,6 @@ def discovery_start(*, server: McpServer, requested_by=None) -> McpDiscovery:
 
 
 def _discovery_send(discovery: McpDiscovery, token: str) -> bool:
-    from runners.contract.names import MCP_DISCOVER_TASK  # h1's name
-
     if not broker_status().reachable:
         logger.warning("the broker does not answer; discovery %s waits", discovery.public_id)
         return False
@@ -424,23 +431,17 @@ def discovery_ingest(token: str) -> str:
 
     Nothing is recorded before the signature (the enrolled, active runner's key), the
     runner's pool and organization, and the digest of the request we signed are checked."""
-    from runners.contract.mcp_discovery import (  # h1's contract module
-        unverified_discovery_runner_id,
-        verify_discovery_report,
-    )
-    from runners.contract.tokens import ProtocolError
-
     try:
         runner_id = unverified_discovery_runner_id(token)
     except ProtocolError as refused:
-        raise DiscoveryRefused(getattr(refused, "code", "invalid"), str(refused)) from None
+        raise DiscoveryRefused(refused.code, str(refused)) from None
     runner = Runner.objects.filter(public_id=runner_id, revoked_at__isnull=True).first()
     if runner is None:
         raise DiscoveryRefused("unknown_runner", f"{runner_id} is not an enrolled, active runner")
     try:
         report = verify_discovery_report(token, runner_public_key=runner.public_key)
     except ProtocolError as refused:
-        raise DiscoveryRefused(getattr(refused, "code", "invalid"), str(refused)) from None
+        raise DiscoveryRefused(refused.code, str(refused)) from None
     with transaction.atomic():
         discovery = (
             McpDiscovery.objects.select_for_update()

@@ -7,15 +7,13 @@ from django.db import OperationalError
 
 from kestrel_one.celery import app
 from kestrel_one.mcp.discovery import DiscoveryRefused, discovery_ingest, mcp_sweep
+from runners.contract.names import MCP_DISCOVERED_TASK
 
 logger = structlog.get_logger(__name__)
 
-# runners.contract.names.MCP_DISCOVERED_TASK (routed to the control queue by ``control.*``).
-MCP_DISCOVERED = "control.mcp_discovered"
-
 
 @app.task(
-    name=MCP_DISCOVERED,
+    name=MCP_DISCOVERED_TASK,  # routed to the control queue (``control.*``)
     acks_late=True,
     autoretry_for=(OperationalError,),
     retry_backoff=True,
