@@ -11,9 +11,11 @@ import pytest
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.enrollment import call_pool_for, runner_enroll
 from kestrel_one.execution.models import Action, ActionState
+from kestrel_one.execution.plans import plan_accept, plan_propose
 from kestrel_one.execution.services import action_dispatch, action_request, report_ingest
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.mcp.calls import pinned_of
@@ -528,3 +530,42 @@ def test_a_changed_tool_report_about_another_server_changes_nothing(mcp, world, 
     assert report_ingest(failed_report(action, runner, runner_key, error)) == ActionState.FAILED
     assert McpTool.objects.get(server=other, name="echo").state == McpTool.State.ENABLED
     assert not AuditRecord.objects.filter(action="mcp.tool.changed").exists()
+
+
+# --- plan steps -----------------------------------------------------------------------------
+
+
+def test_a_plan_step_binds_the_pinned_call_and_runs_it(world, sent):
+    mcp = Mcp(world, mcp_policy(dangerous=["append_note"]))
+    plan_thread = thread_create(
+        actor=system_principal("tests"), project=mcp.project, title="plan", mode="plan"
+    )
+    args = {"server": mcp.server.public_id, "tool": "append_note", "arguments": {"line": "x"}}
+    plan = plan_propose(
+        actor=mcp.member, thread=plan_thread, steps=[{"tool": "mcp.call", "args": args}]
+    )
+    # The step shows and binds what the action will record: the pinned profile and tool.
+    assert plan.steps[0]["args"]["pinned"]["tool_sha256"] == tool_definition_digest(APPEND)
+    plan_accept(actor=mcp.owner, plan=plan)
+    action = action_request(
+        actor=mcp.member,
+        thread=plan_thread,
+        tool="mcp.call",
+        args=args,
+        plan_step={"plan": plan.public_id, "step": 0},
+    )
+    assert action.state == ActionState.QUEUED, action.decision
+    assert action.args_digest == plan.steps[0]["args_digest"]
+
+
+def test_a_plan_step_of_an_unrecorded_tool_is_refused_at_its_field(world, sent):
+    mcp = Mcp(world, mcp_policy())
+    plan_thread = thread_create(
+        actor=system_principal("tests"), project=mcp.project, title="plan", mode="plan"
+    )
+    args = {"server": mcp.server.public_id, "tool": "nope", "arguments": {}}
+    with pytest.raises(ValidationFailed) as refusal:
+        plan_propose(
+            actor=mcp.member, thread=plan_thread, steps=[{"tool": "mcp.call", "args": args}]
+        )
+    assert "steps[0].args.tool" in refusal.value.details
