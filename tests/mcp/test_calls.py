@@ -16,11 +16,13 @@ from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.enrollment import call_pool_for, runner_enroll
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.execution.plans import plan_accept, plan_propose
+from kestrel_one.execution.policy_preview import decisions_preview
 from kestrel_one.execution.services import action_dispatch, action_request, report_ingest
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.mcp.calls import pinned_of
 from kestrel_one.mcp.models import McpServer, McpTool
 from kestrel_one.threads.services import thread_create
+from policies import parse_policy
 from runners.contract.mcp import DEFAULT_LIMITS, profile_digest, tool_definition_digest
 from runners.contract.tokens import generate_private_key_pem, public_key_pem, sign_result
 from tests.factories import EnvironmentFactory, ProjectFactory
@@ -617,3 +619,20 @@ def test_mcp_output_with_injection_text_is_flagged_and_grants_nothing(mcp, runne
     assert set(McpTool.objects.filter(server=mcp.server).values_list("state", flat=True)) == {
         McpTool.State.ENABLED
     }
+
+
+@pytest.mark.spec("POL-8")
+def test_a_draft_preview_replays_the_recorded_danger(world, sent):
+    mcp = Mcp(world, mcp_policy(dangerous=["append_note"]))
+    assert mcp.call("append_note", {"line": "x"}).state == ActionState.QUEUED
+    assert mcp.call("echo", {"text": "x"}).state == ActionState.QUEUED
+    preview = decisions_preview(
+        principal=mcp.owner,
+        organization=world.org,
+        days=1,
+        limit=10,
+        environment=mcp.environment,
+        environment_draft=parse_policy(mcp_policy()),  # the opt-in withdrawn
+    )
+    assert preview.considered == 2 and preview.unreplayable == 0
+    assert [(c.action.args["tool"], c.draft) for c in preview.changed] == [("append_note", "deny")]
