@@ -48,7 +48,12 @@ from runners.contract.names import (
 )
 from runners.heartbeat import HEARTBEAT_EXPIRES_SECONDS, start_heartbeats
 from runners.mcp.discovery import discover
-from runners.mcp.servers import DockerMcpServers, reap_mcp_call, remove_stale_mcp_servers
+from runners.mcp.servers import (
+    DockerMcpServers,
+    reap_mcp_call,
+    remove_stale_mcp_servers,
+    stop_mcp_servers,
+)
 from runners.orphans import reap_orphan_containers, remove_stale_warm_containers
 from runners.runner import Runner
 from runners.warm_chooser import WarmBackendChooser
@@ -245,6 +250,18 @@ def _unmount_workspaces(sender: Any = None, **_: Any) -> None:
     if config.workspace_quota_mb:
         count = WorkspaceQuota(config.workspace_root).unmount_all()
         log.info(json.dumps({"event": "workspaces_unmounted", "count": count}))
+
+
+@worker_shutdown.connect
+def _stop_mcp_servers(sender: Any = None, **_: Any) -> None:
+    """The main process, stopping, stops this runner's warm MCP servers (runners.mcp.relay
+    processes outlive the worker processes by design, not the runner)."""
+    if getattr(sender, "app", None) is not app:
+        return  # another Celery app's worker in this process (the signal is global)
+    config = RunnerConfig.from_environment()
+    if config.sandbox in ("auto", "docker"):
+        count = stop_mcp_servers(config.runner_id)
+        log.info(json.dumps({"event": "mcp_servers_stopped", "count": count}))
 
 
 @worker_process_shutdown.connect

@@ -15,7 +15,22 @@ fail() {
   exit 1
 }
 
+# A bridged MCP server (runners/mcp/network.py) starts only once iptables rules keep it off
+# the host, and the host's addresses are read with ip: both must exist beside the engine.
+ensure_firewall_tools() {
+  local missing=()
+  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  [ "$(id -u)" -eq 0 ] || fail "${missing[*]} missing and installing needs root"
+  echo "ensure-docker: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || fail "apt-get update failed"
+  apt-get install -y -qq "${missing[@]}" >/dev/null || fail "apt-get install ${missing[*]} failed"
+}
+
 if docker info >/dev/null 2>&1; then
+  ensure_firewall_tools
   exit 0
 fi
 
@@ -39,6 +54,7 @@ fi
 for _ in $(seq 1 "$WAIT_SECONDS"); do
   if docker info >/dev/null 2>&1; then
     echo "ensure-docker: docker engine ready" >&2
+    ensure_firewall_tools
     exit 0
   fi
   sleep 1

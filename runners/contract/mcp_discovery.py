@@ -362,7 +362,13 @@ def _is_tool_definition(tool: Any) -> bool:
     name = tool.get("name")
     if not isinstance(name, str) or not 0 < len(name) <= 1024:
         return False
+    description = tool.get("description")
+    if isinstance(description, str) and len(description) > MAX_DESCRIPTION_CHARS:
+        return False
     try:
+        for field in ("inputSchema", "outputSchema"):
+            if field in tool and len(canonical_json(tool[field])) > MAX_SCHEMA_BYTES:
+                return False
         return len(canonical_json(tool)) <= MAX_TOOL_DEFINITION_BYTES
     except (TypeError, ValueError):
         return False

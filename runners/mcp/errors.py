@@ -98,6 +98,14 @@ class McpToolChanged(McpError):
             tools[name] = definition
         self.details = {"server": server, "tools": tools}
 
+    @classmethod
+    def relayed(cls, message: str, details: dict[str, Any]) -> McpToolChanged:
+        """The error a server's relay met (its details were bounded there, by this class)."""
+        error = cls.__new__(cls)
+        McpError.__init__(error, message)
+        error.details = details
+        return error
+
 
 ERRORS_BY_CODE: dict[str, type[McpError]] = {
     cls.code: cls

@@ -41,11 +41,11 @@ from runners.mcp.errors import (
     McpProtocolError,
     McpStartFailed,
     McpTimeout,
+    McpToolChanged,
     McpUnavailable,
 )
 from runners.mcp.session import (
     ENGINE_ERRORS,
-    MCP_LABEL,
     START_TIMEOUT_SECONDS,
     call_pinned,
     remove_container,
@@ -55,7 +55,13 @@ from runners.sandbox.base import SandboxUnavailable
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.sandbox.warm_host import agent_root_directory
 
-__all__ = ["MCP_WARM_LABEL", "DockerMcpServers", "reap_mcp_call", "remove_stale_mcp_servers"]
+__all__ = [
+    "MCP_WARM_LABEL",
+    "DockerMcpServers",
+    "reap_mcp_call",
+    "remove_stale_mcp_servers",
+    "stop_mcp_servers",
+]
 
 MCP_WARM_LABEL = f"{LABEL_PREFIX}mcp-warm"
 RELAY_PREFIX = "mcp-"
@@ -123,6 +129,11 @@ class DockerMcpServers:
                 return _answer(_ask(relay, request, timeout_s + ANSWER_GRACE_SECONDS))
             except _Retry:
                 continue
+            finally:
+                # The thread may have ended while the server started or the call ran (the
+                # notice reached another process): its server goes now, not when idle.
+                if self._ended(project, thread):
+                    self.end_thread(project, thread)
         return self._call_once(pinned, tool, arguments, labels, call_id, workspace, timeout_s)
 
     def _ended(self, project: str, thread: str) -> bool:
@@ -276,6 +287,26 @@ class DockerMcpServers:
         return stopped
 
 
+def stop_mcp_servers(runner_id: str) -> int:
+    """The runner is stopping: stop each of its warm servers on this host (a busy one after
+    its call); how many."""
+    try:
+        root = agent_root_directory()
+    except SandboxUnavailable:
+        return 0
+    stopped = 0
+    for directory in _relay_dirs(root):
+        spec = _spec(directory)
+        if spec is None or spec.get("runner") != runner_id:
+            continue
+        try:
+            _ask(directory / "relay.sock", {"op": "stop"}, 10)
+        except (_Retry, McpError):
+            _kill_relay(directory)
+        stopped += 1
+    return stopped
+
+
 def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     if answer.get("retry") is True:
         raise _Retry
@@ -284,16 +315,10 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     error = answer.get("error")
     if not isinstance(error, dict):
         raise McpProtocolError("the server's relay gave a malformed answer")
-    raise _RelayedError(str(error.get("code")), str(error.get("message")), error.get("details"))
-
-
-class _RelayedError(McpError):
-    """An MCP error the relay met, with its code (and a changed tool's details)."""
-
-    def __init__(self, code: str, message: str, details: Any) -> None:
-        super().__init__(message)
-        self.code = code if code.startswith("mcp_") else "mcp_protocol_error"
-        self.details = details if isinstance(details, dict) else None
+    code, message, details = str(error.get("code")), str(error.get("message")), error.get("details")
+    if code == McpToolChanged.code and isinstance(details, dict):
+        raise McpToolChanged.relayed(message, details)
+    raise ERRORS_BY_CODE.get(code, McpProtocolError)(message)
 
 
 def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -491,6 +516,3 @@ def remove_stale_mcp_servers(runner_id: str) -> int:
     finally:
         client.close()
     return removed
-
-
-__all__ += ["MCP_LABEL"]

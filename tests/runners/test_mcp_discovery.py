@@ -1,0 +1,326 @@
+"""MCP discovery: the signed request and report (runners.contract.mcp_discovery) and the
+runner's answer on real Docker (runners.mcp.discovery, ``Runner.handle_discovery``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import pytest
+import redis
+
+from runners.callstate import CallState
+from runners.contract.mcp import DEFAULT_LIMITS, tool_definition_digest
+from runners.contract.mcp_discovery import (
+    DISCOVERY_REPORT_TYP,
+    DiscoveryRefused,
+    sign_discovery_report,
+    sign_discovery_request,
+    unverified_discovery_runner_id,
+    verify_discovery_report,
+    verify_discovery_request,
+)
+from runners.contract.names import command_audience
+from runners.contract.tokens import _sign, generate_private_key_pem, public_key_pem
+from runners.mcp.session import list_tools, server_session
+from runners.runner import Disposition, Runner
+from tests.runners.mcp_fixture import build_server_image
+from tests.runners.support import RUNNER_REDIS_URL, runner_config
+
+SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+DISCOVERY = "mdi_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+POOL = "pool-h1"
+CONTROL_KEY = generate_private_key_pem()
+RUNNER_KEY = generate_private_key_pem()
+
+
+def profile(image: str | None = "sha256:" + "a" * 64, **overrides: Any) -> dict[str, Any]:
+    return {
+        "server": SERVER,
+        "reference": f"kestrel-test/h1-mcp@{image}",
+        "image": image,
+        "command": [],
+        "workspace": "rw",
+        "network": "none",
+        "risk_acceptance": None,
+        "limits": dict(DEFAULT_LIMITS),
+        **overrides,
+    }
+
+
+def request_claims(**overrides: Any) -> dict[str, Any]:
+    return {
+        "aud": command_audience(POOL),
+        "jti": DISCOVERY,
+        "org": "org_1",
+        "env": "env_1",
+        "profile": profile(),
+        "managed": None,
+        **overrides,
+    }
+
+
+def verify_request(token: str, **kwargs: Any) -> Any:
+    return verify_discovery_request(
+        token, control_public_key=public_key_pem(CONTROL_KEY), pool=POOL, **kwargs
+    )
+
+
+def test_a_signed_request_verifies_with_exactly_its_claims() -> None:
+    token = sign_discovery_request(request_claims(), CONTROL_KEY)
+    request = verify_request(token)
+    assert request.discovery == DISCOVERY and request.profile == profile()
+    assert request.managed is None and len(request.request_digest) == 64
+    managed = sign_discovery_request(
+        request_claims(managed="time", profile=profile(image=None, workspace="none")),
+        CONTROL_KEY,
+    )
+    assert verify_request(managed).profile["image"] is None
+
+
+def _refusal(token: str, **kwargs: Any) -> str:
+    with pytest.raises(DiscoveryRefused) as refused:
+        verify_request(token, **kwargs)
+    return refused.value.code
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"extra": 1}, "malformed"),
+        ({"iat": 1.5}, "malformed"),
+        ({"jti": "call_1"}, "malformed"),
+        ({"org": ""}, "malformed"),
+        ({"managed": "ftp"}, "malformed"),
+        ({"managed": True}, "malformed"),
+        ({"profile": "x"}, "malformed"),
+        ({"profile": profile(image=None)}, "malformed"),  # only a managed image is resolved
+        ({"profile": profile(image="kestrel/x:latest")}, "malformed"),  # never a tag
+        ({"profile": dict(profile(), extra=1)}, "malformed"),
+        ({"profile": dict(profile(), limits=dict(DEFAULT_LIMITS, pids=128.0))}, "malformed"),
+        ({"profile": dict(profile(), limits=dict(DEFAULT_LIMITS, pids=True))}, "malformed"),
+        ({"profile": dict(profile(), server=SERVER + "\n")}, "malformed"),
+        ({"profile": profile(network="bridge")}, "malformed"),  # no risk acceptance
+        (
+            {
+                "managed": "time",
+                "profile": profile(
+                    image=None, network="bridge", risk_acceptance="rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+                ),
+            },
+            "malformed",
+        ),
+        ({"aud": command_audience("other")}, "wrong_audience"),
+        ({"iss": "someone"}, "malformed"),
+    ],
+)
+def test_a_request_with_a_wrong_claim_is_refused(change: dict[str, Any], code: str) -> None:
+    assert _refusal(sign_discovery_request(request_claims(**change), CONTROL_KEY)) == code
+
+
+def test_a_request_signed_otherwise_or_out_of_time_is_refused() -> None:
+    assert _refusal(sign_discovery_request(request_claims(), RUNNER_KEY)) == "bad_signature"
+    claims = request_claims()
+    del claims["managed"]
+    assert _refusal(sign_discovery_request(claims, CONTROL_KEY)) == "malformed"
+    old = sign_discovery_request(request_claims(), CONTROL_KEY, now=int(time.time()) - 4000)
+    assert _refusal(old) in ("expired", "malformed")
+    stale = sign_discovery_request(
+        request_claims(), CONTROL_KEY, ttl=60, now=int(time.time()) - 600
+    )
+    assert _refusal(stale) == "expired"
+    long_lived = sign_discovery_request(request_claims(), CONTROL_KEY, ttl=7200)
+    assert _refusal(long_lived) == "malformed"
+    # Another token type under the same key: refused by its typ.
+    payload = dict(request_claims(), iss="kestrel-control", iat=1, nbf=1, exp=2**31)
+    command_typ = _sign(payload, CONTROL_KEY, typ="kestrel-command+jwt", kid="control")
+    assert _refusal(command_typ) == "malformed"
+
+
+def report_claims(**overrides: Any) -> dict[str, Any]:
+    return {
+        "iss": "run_h1",
+        "discovery": DISCOVERY,
+        "request_digest": "b" * 64,
+        "image": "sha256:" + "a" * 64,
+        "server_info": {"name": "h1-test", "version": "1.0"},
+        "tools": [{"name": "echo", "description": "Return the text."}],
+        "error": None,
+        **overrides,
+    }
+
+
+def verify_report(token: str, key: bytes = RUNNER_KEY) -> Any:
+    return verify_discovery_report(token, runner_public_key=public_key_pem(key))
+
+
+def test_a_signed_report_verifies_and_names_its_runner() -> None:
+    token = sign_discovery_report(report_claims(), RUNNER_KEY)
+    assert unverified_discovery_runner_id(token) == "run_h1"
+    report = verify_report(token)
+    assert report.runner_id == "run_h1" and report.tools == report_claims()["tools"]
+    failed = report_claims(tools=None, image=None, server_info=None)
+    failed["error"] = {"code": "mcp_image_missing", "message": "no such image"}
+    assert verify_report(sign_discovery_report(failed, RUNNER_KEY)).error == failed["error"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"extra": 1},
+        {"discovery": "mdi_x"},
+        {"request_digest": "B" * 64},
+        {"image": "kestrel/x:latest"},
+        {"server_info": {"name": "x"}},
+        {"server_info": {"name": "x", "version": 1}},
+        {"tools": None},  # and no error
+        {"error": {"code": "mcp_start_failed", "message": "x"}},  # and tools
+        {"tools": [{"name": "echo", "icons": []}]},
+        {"tools": [{"description": "nameless"}]},
+        {"tools": [{"name": "x", "description": "d" * (16 * 1024 + 1)}]},
+        {"tools": [{"name": "x", "inputSchema": {"d": "d" * 70_000}}]},
+        {"tools": [{"name": f"t{i}"} for i in range(257)]},
+        {"tools": None, "error": {"code": "x", "message": "m", "details": {}}},
+        {"iat": "1"},
+        {"iss": "not-a-runner"},
+        {"aud": "someone-else"},
+    ],
+)
+def test_a_report_with_a_wrong_claim_is_refused(change: dict[str, Any]) -> None:
+    claims = report_claims(**change)
+    kid = claims["iss"] if isinstance(claims["iss"], str) else "run_h1"
+    payload = {"aud": "kestrel-control", "iat": int(time.time()), "jti": "j", **claims}
+    payload.setdefault("exp", int(time.time()) + 60)
+    if not isinstance(payload["iat"], int):
+        payload["exp"] = int(time.time()) + 60
+    token = _sign(payload, RUNNER_KEY, typ=DISCOVERY_REPORT_TYP, kid=kid)
+    with pytest.raises(DiscoveryRefused) as refused:
+        verify_report(token)
+    assert refused.value.code in ("malformed", "wrong_audience")
+
+
+def test_a_report_signed_by_another_key_or_under_another_kid_is_refused() -> None:
+    with pytest.raises(DiscoveryRefused) as refused:
+        verify_report(sign_discovery_report(report_claims(), CONTROL_KEY))
+    assert refused.value.code == "bad_signature"
+    now = int(time.time())
+    payload = {"aud": "kestrel-control", "iat": now, "exp": now + 60, "jti": "j", **report_claims()}
+    token = _sign(payload, RUNNER_KEY, typ=DISCOVERY_REPORT_TYP, kid="run_other")
+    with pytest.raises(DiscoveryRefused) as refused:
+        verify_report(token)
+    assert refused.value.code == "wrong_runner"
+
+
+# --- on the engine ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server_image() -> str:
+    client = docker.from_env()
+    try:
+        return build_server_image(client)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def discovering_runner(
+    tmp_path: Path, workspace_root: Path, runner_id: str, engine: Any
+) -> tuple[Runner, list[str]]:
+    reports: list[str] = []
+    config = runner_config(
+        tmp_path,
+        runner_id=runner_id,
+        pool=POOL,
+        runner_key=RUNNER_KEY,
+        control_public_key=public_key_pem(CONTROL_KEY),
+        workspace_root=workspace_root,
+    )
+    from runners.mcp.discovery import discover
+
+    runner = Runner(
+        config=config,
+        private_key=config.private_key(),
+        control_public_key=config.control_public_key(),
+        state=CallState(redis.Redis.from_url(RUNNER_REDIS_URL), worker="discovery"),
+        report=lambda token: None,
+        discover_mcp=lambda request: discover(
+            request, runner_id=runner_id, client=docker.from_env()
+        ),
+        report_discovery=reports.append,
+    )
+    return runner, reports
+
+
+def _discover(runner: Runner, reports: list[str], server_profile: dict[str, Any]) -> Any:
+    token = sign_discovery_request(request_claims(profile=server_profile), CONTROL_KEY)
+    assert runner.handle_discovery(token) is Disposition.APPLIED
+    report = verify_report(reports.pop())
+    assert report.runner_id == runner.config.runner_id
+    assert report.request_digest == verify_request(token).request_digest
+    return report
+
+
+def _discovery_containers(client: Any) -> list[Any]:
+    return client.containers.list(all=True, filters={"label": f"io.kestrel.discovery={DISCOVERY}"})
+
+
+@pytest.mark.docker
+@pytest.mark.spec("MCP-1")
+def test_discovery_lists_a_custom_servers_tools_as_the_call_check_digests_them(
+    server_image: str, discovering_runner: tuple[Runner, list[str]], engine: Any, tmp_path: Path
+) -> None:
+    runner, reports = discovering_runner
+    report = _discover(runner, reports, profile(server_image))
+    assert report.error is None and report.image == server_image
+    assert report.server_info == {"name": "h1-test", "version": "1.0"}
+    names = [tool["name"] for tool in report.tools]
+    assert names == ["echo", "append_note", "interfaces", "slow", "big", "poisoned"]
+    assert report.tools[0]["annotations"] == {"readOnlyHint": True}
+
+    # What the runner checks before a call: the same digests.
+    async def listing() -> list[dict[str, Any]]:
+        async with server_session(
+            engine, profile(server_image), labels={"purpose": "test"}, workspace=tmp_path
+        ) as (session, _init, _container):
+            return await list_tools(session, timeout_s=30)
+
+    live = {tool["name"]: tool_definition_digest(tool) for tool in anyio.run(listing)}
+    assert {t["name"]: tool_definition_digest(t) for t in report.tools} == live
+    assert _discovery_containers(engine) == []
+
+
+@pytest.mark.docker
+@pytest.mark.spec("MCP-1")
+def test_discovery_verifies_a_custom_image_against_the_engine(
+    server_image: str, discovering_runner: tuple[Runner, list[str]], engine: Any
+) -> None:
+    runner, reports = discovering_runner
+    cases = {
+        "mcp_image_mismatch": [
+            dict(profile(server_image), reference=f"other/repository@{server_image}"),
+            dict(profile(server_image), reference=f"kestrel-test/h1-mcp@sha256:{'c' * 64}"),
+            dict(profile(server_image), reference="kestrel-test/h1-mcp:latest"),
+        ],
+        "mcp_image_missing": [profile("sha256:" + "0" * 64)],
+    }
+    for code, profiles in cases.items():
+        for server_profile in profiles:
+            report = _discover(runner, reports, server_profile)
+            assert report.tools is None and report.error["code"] == code, server_profile
+    assert _discovery_containers(engine) == []
+
+
+def test_a_runner_without_docker_answers_mcp_unavailable_and_a_bad_request_nothing(
+    discovering_runner: tuple[Runner, list[str]],
+) -> None:
+    runner, reports = discovering_runner
+    runner.discover_mcp = None
+    report = _discover(runner, reports, profile())
+    assert report.error["code"] == "mcp_unavailable"
+    forged = sign_discovery_request(request_claims(), RUNNER_KEY)
+    assert runner.handle_discovery(forged) is Disposition.REFUSED
+    assert reports == []
