@@ -527,6 +527,17 @@ CELERY_BEAT_SCHEDULE["chain-audit-records"] = {
     "options": {"queue": "control"},
 }
 
+# MCP servers (docs/mcp.md). A discovery's signed request lives this long; one nobody
+# answered by then (plus KESTREL_CALL_GRACE_SECONDS) is failed by the sweep (no_runner),
+# which also records each risk acceptance's expiry in the audit log once.
+KESTREL_MCP_DISCOVERY_SECONDS = env_int("KESTREL_MCP_DISCOVERY_SECONDS", 300)
+KESTREL_MCP_SWEEP_SECONDS = env_int("KESTREL_MCP_SWEEP_SECONDS", 30)
+CELERY_BEAT_SCHEDULE["mcp-sweep"] = {
+    "task": "control.mcp.sweep",
+    "schedule": float(KESTREL_MCP_SWEEP_SECONDS),
+    "options": {"queue": "control"},
+}
+
 
 def env_seconds_list(name: str, default: str) -> list[float]:
     raw = env_str(name, default) or default

@@ -9,9 +9,9 @@ class AdaptersConfig(AppConfig):
         # The adapter.invoke checks live with the adapters; judging (a lower layer) calls
         # them through its hook, and refuses the tool when they are not registered.
         from kestrel_one.adapters.checks import adapter_call_admit, adapter_call_request
-        from kestrel_one.governance.judging import ControlToolChecks, control_tool_checks_register
+        from kestrel_one.governance.judging import ToolChecks, tool_checks_register
 
-        control_tool_checks_register(
+        tool_checks_register(
             "adapter.invoke",
-            ControlToolChecks(request=adapter_call_request, admit=adapter_call_admit),
+            ToolChecks(request=adapter_call_request, admit=adapter_call_admit),
         )

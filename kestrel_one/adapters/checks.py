@@ -1,6 +1,6 @@
 """Request-time checks of an ``adapter.invoke`` call: fail closed, each 400 naming the field.
 
-Two steps, registered on the judging hook (``governance.judging.ControlToolChecks``) by this
+Two steps, registered on the judging hook (``governance.judging.ToolChecks``) by this
 app's ``ready``: ``adapter_call_request`` checks the call against the static registry (an
 unknown adapter or operation, arguments the operation does not take, an external operation
 without an idempotency key: CRED-4, CRED-5) and marks an external operation's policy request,
@@ -102,7 +102,9 @@ def adapter_call_request(canonical: dict[str, Any], request: Request) -> Request
     return dataclasses.replace(request, external_effect=external)
 
 
-def adapter_call_admit(*, organization, user, token, canonical: dict[str, Any]) -> dict:
+def adapter_call_admit(
+    *, organization, project=None, user, token, canonical: dict[str, Any]
+) -> dict:
     # Imported here: this module is loaded while the app registry is being populated.
 
     adapter = canonical["adapter"]

@@ -26,7 +26,7 @@ from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.paging import page_of
 from kestrel_one.execution.policy_preview import decisions_preview
 from kestrel_one.governance import drafts, services
-from kestrel_one.governance.judging import tool_call_request
+from kestrel_one.governance.judging import tool_call_admitted
 from kestrel_one.governance.models import PolicyVersion
 from kestrel_one.governance.selectors import (
     environment_ceiling,
@@ -321,7 +321,6 @@ class PolicyExplain(PolicyOwnerView):
             args = json.loads(raw or "{}")
         except ValueError as error:
             raise ValidationFailed(f"The arguments are not valid JSON: {error}") from None
-        _, canonical, policy_request = tool_call_request(values.get("tool", ""), args)
         project = self.project
         if project is None and values.get("project"):
             project = (
@@ -332,6 +331,15 @@ class PolicyExplain(PolicyOwnerView):
             )
             if project is None:
                 raise ValidationFailed("That project is not in this environment.")
+        # As the API's explain: admitted first where the policy request depends on it.
+        _, canonical, policy_request = tool_call_admitted(
+            values.get("tool", ""),
+            args,
+            project=project,
+            user=self.principal.user,
+            token=self.principal.token,
+            judging_only=True,
+        )
         draft = drafts.draft_policy(drafts.policy_draft_of(self.owner))
         return drafts.explain_published_and_draft(
             organization=self.organization,

@@ -18,7 +18,7 @@ from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.approvals import require_person
 from kestrel_one.execution.arguments import arguments_shown
 from kestrel_one.execution.models import Plan
-from kestrel_one.governance.judging import tool_call_request
+from kestrel_one.governance.judging import tool_call_admitted
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from policies import Mode
@@ -37,7 +37,16 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
     raw_steps: list[dict] = []
     for index, step in enumerate(steps):
         try:
-            tool, canonical, _ = tool_call_request(step["tool"], step["args"])
+            # Admitted where the recorded arguments depend on it (mcp.call's pinned), so the
+            # step's digest is the one the action that runs it will have.
+            tool, canonical, _ = tool_call_admitted(
+                step["tool"],
+                step["args"],
+                project=thread.project,
+                user=actor.user,
+                token=actor.token,
+                judging_only=True,
+            )
         except ValidationFailed as exc:
             details = {f"steps[{index}].{name}": why for name, why in (exc.details or {}).items()}
             raise ValidationFailed(f"steps[{index}]: {exc.message}", details=details) from None

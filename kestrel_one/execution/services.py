@@ -9,6 +9,7 @@ verified finished report for it is recorded (``_record_finished``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -40,7 +41,12 @@ from kestrel_one.execution.models import (
     Runner,
 )
 from kestrel_one.execution.signals import action_ended_notify
-from kestrel_one.governance.judging import call_admit, call_judge, tool_call_request
+from kestrel_one.governance.judging import (
+    call_dispatch_check,
+    call_judge,
+    tool_call_admitted,
+    tool_call_request,
+)
 from kestrel_one.governance.selectors import policy_version_label, policy_versions_lock
 from kestrel_one.tenancy.models import Project
 from kestrel_one.threads.models import Thread
@@ -159,15 +165,12 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
     if thread.status != Thread.Status.OPEN:
         raise ThreadEnded(THREAD_ENDED_MESSAGE)
     project = thread.project
-    tool_spec, canonical, policy_request = tool_call_request(tool, args)
     # A control-tier call's credential reference, checked for this requester (and a default
-    # made explicit, so the digest binds it); other tools' arguments are unchanged.
-    canonical = call_admit(
-        tool=tool_spec,
-        canonical=canonical,
-        organization=project.organization,
-        user=actor.user,
-        token=actor.token,
+    # made explicit, so the digest binds it); an mcp.call's server and tool checked and its
+    # pinned profile added; other tools' arguments are unchanged. The policy request is built
+    # from these admitted arguments (mcp.call's danger comes from the record, POL-8).
+    tool_spec, canonical, policy_request = tool_call_admitted(
+        tool, args, project=project, user=actor.user, token=actor.token
     )
     args_digest = digest(canonical)
     plan = None
@@ -312,6 +315,18 @@ def action_dispatch(*, action_id: int) -> bool:
         if action is None:
             return False
         action.attempt += 1
+        # What the call was admitted for may have changed since (an mcp.call's server or
+        # tool): such a call ends failed, never signed (ToolChecks.dispatch).
+        changed = call_dispatch_check(action.tool, action_arguments(action))
+        if changed is not None:
+            end_action(
+                action,
+                ActionState.QUEUED,
+                ActionState.FAILED,
+                *changed,
+                actor=system_principal("dispatch"),
+            )
+            return False
         if get_tool(action.tool).tier == Tier.CONTROL:
             # Never signed to a runner: the control tier reads the action itself.
             Action.objects.filter(pk=action.pk).update(attempt=action.attempt)
@@ -517,6 +532,17 @@ def _dispatch_pending(action: Action) -> None:
     Action.objects.filter(
         pk=action.pk, state=ActionState.QUEUED, dispatched_at__isnull=True
     ).update(error={"code": code, "message": message})
+
+
+# tool name -> what its app records when a runner's report on one of its calls is recorded
+# (``hook(action=, runner=, outcome=, error=)``, inside the report's transaction; it must not
+# raise on anything a runner may send). Registered by the app that owns the tool (its ``ready``):
+# mcp.call records the changed tool definitions a failed call observed.
+CALL_FINISHED_HOOKS: dict[str, Callable[..., None]] = {}
+
+
+def call_finished_hook_register(tool_name: str, hook: Callable[..., None]) -> None:
+    CALL_FINISHED_HOOKS[get_tool(tool_name).name] = hook
 
 
 class ReportRefused(Exception):
@@ -761,6 +787,12 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     action_ended_notify(action, state)
     if never_started:
         _append_started_event(action, runner, report)
+    hook = CALL_FINISHED_HOOKS.get(action.tool)
+    if hook is not None:
+        # In this transaction: what the tool's app records of the report (an mcp.call's
+        # changed tool definitions) is kept exactly when the report is. The report's own
+        # error, as signed: the hook bounds and checks what it keeps.
+        hook(action=action, runner=runner, outcome=report.outcome, error=report.error)
     receipt = Receipt.objects.create(
         action=action,
         organization=action.organization,
@@ -867,7 +899,9 @@ def calls_sweep(*, now=None) -> dict:
 
 
 @transaction.atomic
-def end_action(action: Action, from_state: str, to_state: str, code: str, message: str) -> bool:
+def end_action(
+    action: Action, from_state: str, to_state: str, code: str, message: str, *, actor=None
+) -> bool:
     """Move an action to a terminal state with an error, once (a conditional update)."""
     error = {"code": code, "message": message}
     moved = Action.objects.filter(pk=action.pk, state=from_state).update(
@@ -883,7 +917,7 @@ def end_action(action: Action, from_state: str, to_state: str, code: str, messag
         )
         audit_record(
             organization=action.organization,
-            actor=system_principal("sweep"),
+            actor=actor or system_principal("sweep"),
             action="action.end",
             target=action,
             outcome=to_state,

@@ -9,9 +9,9 @@ class GatewayConfig(AppConfig):
         # The model.invoke checks live with the gateway; judging (a lower layer) calls them
         # through its hook, and refuses the tool when they are not registered.
         from kestrel_one.gateway.invoke import model_call_admit, model_call_request
-        from kestrel_one.governance.judging import ControlToolChecks, control_tool_checks_register
+        from kestrel_one.governance.judging import ToolChecks, tool_checks_register
 
-        control_tool_checks_register(
+        tool_checks_register(
             "model.invoke",
-            ControlToolChecks(request=model_call_request, admit=model_call_admit),
+            ToolChecks(request=model_call_request, admit=model_call_admit),
         )

@@ -64,7 +64,7 @@ def model_call_request(canonical: dict, request: Request) -> Request:
     return Request(capability="model.invoke", model=model.policy_name, limits=request.limits)
 
 
-def model_call_admit(*, organization, user, token, canonical: dict) -> dict:
+def model_call_admit(*, organization, project=None, user, token, canonical: dict) -> dict:
     """The credential this call will use, checked for this requester, made explicit."""
     model = model_request_of(canonical)
     reference = model_credential_reference(

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
 from kestrel_one.governance import selectors, services
-from kestrel_one.governance.judging import call_judge, tool_call_request
+from kestrel_one.governance.judging import call_judge, tool_call_admitted
 from kestrel_one.tenancy.models import Environment
 from policies import Mode, render_decision
 from runners.contract.registry import TOOLS
@@ -144,7 +144,16 @@ class ExplainViewSet(ProjectScopedViewSet):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         mode = selectors.parse_mode(values.get("mode"))
-        tool, canonical, policy_request = tool_call_request(values["tool"], values["args"])
+        # Admitted as a request would be where the policy request depends on it (mcp.call:
+        # the server and the recorded tool's danger), so explain answers what a request meets.
+        tool, canonical, policy_request = tool_call_admitted(
+            values["tool"],
+            values["args"],
+            project=self.project,
+            user=self.principal.user,
+            token=self.principal.token,
+            judging_only=True,
+        )
         judged = call_judge(
             project=self.project,
             principal=self.principal,

@@ -17,44 +17,53 @@ from runners.contract.toolspec import Tier
 
 
 @dataclass(frozen=True)
-class ControlToolChecks:
-    """What the control plane checks of a control-tier tool's call beyond its schema.
+class ToolChecks:
+    """What the control plane checks of a tool's call beyond its schema.
 
     ``request(canonical, request)``: pure checks against what only the control plane knows
     (the adapter registry), returning the policy request to judge (e.g. with the operation's
-    effect); raises ``ValidationFailed`` naming the field. ``admit(organization=, user=,
-    token=, canonical=)``: checks that read the database (a credential reference usable by
-    this requester), returning the canonical arguments to record (a default reference made
-    explicit, so the digest binds it). Registered by the app that owns the tool (its
-    ``AppConfig.ready``): this layer cannot import it.
+    effect); raises ``ValidationFailed`` naming the field. ``admit(organization=, project=,
+    user=, token=, canonical=)``: checks that read the database (a credential reference
+    usable by this requester, an MCP server installed in the project's Environment),
+    returning the canonical arguments to record (a default reference made explicit, the
+    server's pinned profile added, so the digest binds it). ``judge_admitted``: the policy
+    request depends on what ``admit`` adds (mcp.call's ``pinned``: the server's name and the
+    recorded tool's danger), so every judging of a caller's arguments (explain, plan steps)
+    admits them first. ``dispatch(canonical)``: checked again each time a queued call is
+    signed (an approval, a resend): ``(code, message)`` ends the call failed unsigned, None
+    lets it go. Registered by the app that owns the tool (its ``AppConfig.ready``): this
+    layer cannot import it.
     """
 
-    request: Callable[[dict, Request], Request]
-    admit: Callable[..., dict]
+    request: Callable[[dict, Request], Request] | None = None
+    admit: Callable[..., dict] | None = None
+    judge_admitted: bool = False
+    dispatch: Callable[[dict], tuple[str, str] | None] | None = None
 
 
-CONTROL_TOOL_CHECKS: dict[str, ControlToolChecks] = {}
+TOOL_CHECKS: dict[str, ToolChecks] = {}
+
+# Runner-tier tools that are never callable without their checks (fail closed): mcp.call's
+# ``pinned`` is what its admit adds, so without the mcp app a caller's own would be judged.
+CHECKED_RUNNER_TOOLS = frozenset({"mcp.call"})
 
 
-def control_tool_checks_register(tool_name: str, checks: ControlToolChecks) -> None:
-    if get_tool(tool_name).tier != Tier.CONTROL:
-        raise TypeError(f"{tool_name} is not a control-tier tool")
-    CONTROL_TOOL_CHECKS[tool_name] = checks
+def tool_checks_register(tool_name: str, checks: ToolChecks) -> None:
+    tool = get_tool(tool_name)
+    if tool.tier != Tier.CONTROL and tool.name not in CHECKED_RUNNER_TOOLS:
+        raise TypeError(f"{tool_name} takes no checks of the control plane")
+    TOOL_CHECKS[tool.name] = checks
 
 
-def _control_checks(tool) -> ControlToolChecks:
-    checks = CONTROL_TOOL_CHECKS.get(tool.name)
-    if checks is None:
-        # Fail closed: a control-tier tool whose checks are not installed is not callable.
+def _checks(tool) -> ToolChecks | None:
+    checks = TOOL_CHECKS.get(tool.name)
+    if checks is None and (tool.tier == Tier.CONTROL or tool.name in CHECKED_RUNNER_TOOLS):
+        # Fail closed: a tool whose checks are not installed is not callable.
         raise Unavailable(f"{tool.name} is not available here: its control tier is not installed.")
     return checks
 
 
-def tool_call_request(tool_name: str, args):
-    """Return (tool spec, canonical args, policy request) for a call, or a 400 naming the field.
-
-    Tools exist only in the registry (EXT-1): an unknown name is refused, never passed on.
-    """
+def _validated(tool_name: str, args):
     try:
         tool = get_tool(tool_name)
     except UnknownTool:
@@ -65,20 +74,77 @@ def tool_call_request(tool_name: str, args):
         canonical = validate_args(tool.name, args)
     except InvalidArguments as exc:
         raise ValidationFailed(str(exc), details={exc.field: [exc.reason]}) from None
+    return tool, canonical
+
+
+def policy_request_of(tool, canonical: dict) -> Request:
+    """The policy request for ``tool``'s validated (and, for a checked tool, admitted)
+    canonical arguments."""
     request = tool.capability_request(canonical)
-    if tool.tier == Tier.CONTROL:
-        request = _control_checks(tool).request(canonical, request)
-    return tool, canonical, request
+    checks = _checks(tool)
+    if checks is not None and checks.request is not None:
+        request = checks.request(canonical, request)
+    return request
 
 
-def call_admit(*, tool, canonical: dict, organization, user, token) -> dict[str, Any]:
+def tool_call_request(tool_name: str, args):
+    """Return (tool spec, canonical args, policy request) for a call, or a 400 naming the field.
+
+    For arguments as recorded (an action's own, already admitted: re-decisions, previews),
+    or before ``call_admit``; a caller's arguments are judged through ``tool_call_admitted``.
+    Tools exist only in the registry (EXT-1): an unknown name is refused, never passed on.
+    """
+    tool, canonical = _validated(tool_name, args)
+    return tool, canonical, policy_request_of(tool, canonical)
+
+
+def call_admit(*, tool, canonical: dict, organization, project, user, token) -> dict[str, Any]:
     """The canonical arguments to record for a call by this requester, after the checks
-    that read the database (control-tier tools only; others are returned unchanged)."""
-    if tool.tier != Tier.CONTROL:
+    that read the database (tools with checks only; others are returned unchanged)."""
+    checks = _checks(tool)
+    if checks is None or checks.admit is None:
         return canonical
-    return _control_checks(tool).admit(
-        organization=organization, user=user, token=token, canonical=canonical
+    return checks.admit(
+        organization=organization, project=project, user=user, token=token, canonical=canonical
     )
+
+
+def tool_call_admitted(tool_name: str, args, *, project, user, token, judging_only=False):
+    """(tool spec, admitted canonical args, policy request) for a caller's call in
+    ``project``: validated, admitted (``call_admit``), and the policy request built from the
+    admitted arguments, so what is judged is what would be recorded and signed.
+
+    ``judging_only`` (explain, plan steps): admit only tools whose request depends on it
+    (``ToolChecks.judge_admitted``); the others' request is the same either way.
+    """
+    # The pure checks first (an unknown adapter is named before any credential is looked up).
+    tool, canonical, request = tool_call_request(tool_name, args)
+    checks = _checks(tool)
+    if checks is None or checks.admit is None or (judging_only and not checks.judge_admitted):
+        return tool, canonical, request
+    if checks.judge_admitted and project is None:
+        raise ValidationFailed(
+            f"{tool.name} is judged for a project: name one.",
+            details={"project": ["required for this tool"]},
+        )
+    canonical = call_admit(
+        tool=tool,
+        canonical=canonical,
+        organization=project.organization,
+        project=project,
+        user=user,
+        token=token,
+    )
+    return tool, canonical, policy_request_of(tool, canonical)
+
+
+def call_dispatch_check(tool_name: str, canonical: dict) -> tuple[str, str] | None:
+    """``(code, message)`` when a queued call may no longer be signed as it was admitted
+    (``ToolChecks.dispatch``), else None."""
+    checks = _checks(get_tool(tool_name))
+    if checks is None or checks.dispatch is None:
+        return None
+    return checks.dispatch(canonical)
 
 
 def unknown_tool_message(tool_name) -> str:
