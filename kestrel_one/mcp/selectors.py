@@ -207,4 +207,3 @@ def org_tool_inventory(organization) -> dict:
         for tool in recorded
     ]
     return {"tools": registry, "mcp_tools": mcp}
-
