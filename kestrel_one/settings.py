@@ -629,6 +629,10 @@ CELERY_BEAT_SCHEDULE["gateway-expire-reservations"] = {
     "options": {"queue": "control"},
 }
 
+# MCP servers (docs/mcp.md): how far ahead an admin's risk acceptance (a custom server's
+# unrestricted networking, MCP-4) may expire; it is a decision to revisit, never open-ended.
+KESTREL_MCP_RISK_MAX_DAYS = env_int("KESTREL_MCP_RISK_MAX_DAYS", 90)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

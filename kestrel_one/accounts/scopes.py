@@ -41,6 +41,8 @@ SCOPES: dict[str, str] = {
     "credentials:read": "See the organization's credentials (names, adapters, fingerprints).",
     "credentials:write": "Create, rotate and revoke the organization's credentials.",
     "connections:write": "Create, see and revoke your own App connections (nobody else's).",
+    "mcp:write": "Install, change and remove MCP servers, review their tools, author their "
+    "egress and accept their network risk.",
 }
 
 ROLE_SCOPES: dict[Role, frozenset[str]] = {

@@ -36,6 +36,7 @@ from kestrel_one.governance.api import (
     ProjectPolicyViewSet,
     ToolInventoryView,
 )
+from kestrel_one.mcp.api import McpServerViewSet, OrgToolInventoryViewSet
 from kestrel_one.tenancy.api import (
     EnvironmentViewSet,
     MembershipViewSet,
@@ -56,6 +57,7 @@ THR = f"{ORG}/projects/<str:prj>/threads/<str:thr>"
 ACT = f"{THR}/actions/<str:act>"
 ART = f"{ORG}/artifacts/<str:id>"
 CHK = f"{ORG}/projects/<str:prj>/checkpoints/<str:chk>"
+MCP = f"{ORG}/mcp-servers/<str:id>"
 
 urlpatterns = [
     path("health", HealthView.as_view(), name="health"),
@@ -205,6 +207,34 @@ urlpatterns = [
         ConnectionViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
         name="connection-detail",
     ),
+    # MCP servers (docs/mcp.md): installed by admins, read by everyone in the organization.
+    path(f"{ORG}/mcp-servers", McpServerViewSet.as_view(LIST), name="mcp-server-list"),
+    path(MCP, McpServerViewSet.as_view(DETAIL), name="mcp-server-detail"),
+    path(
+        f"{MCP}/refresh", McpServerViewSet.as_view({"post": "refresh"}), name="mcp-server-refresh"
+    ),
+    path(f"{MCP}/tools", McpServerViewSet.as_view({"get": "tools"}), name="mcp-tool-list"),
+    path(
+        f"{MCP}/tools/<str:name>/review",
+        McpServerViewSet.as_view({"post": "tool_review"}),
+        name="mcp-tool-review",
+    ),
+    path(
+        f"{MCP}/tools/<str:name>/mark",
+        McpServerViewSet.as_view({"post": "tool_mark"}),
+        name="mcp-tool-mark",
+    ),
+    path(
+        f"{MCP}/risk-acceptances",
+        McpServerViewSet.as_view({"get": "risk_list", "post": "risk_create"}),
+        name="mcp-risk-list",
+    ),
+    path(
+        f"{MCP}/risk-acceptances/<str:rsk>/withdraw",
+        McpServerViewSet.as_view({"post": "risk_withdraw"}),
+        name="mcp-risk-withdraw",
+    ),
+    path(f"{ORG}/tools", OrgToolInventoryViewSet.as_view({"get": "retrieve"}), name="org-tools"),
     # Public: the token in the path opens one object; no credential is read.
     path("shared/<str:token>", SharedObjectView.as_view(), name="shared-object"),
     path("shared/<str:token>/content", SharedContentView.as_view(), name="shared-content"),
