@@ -16,7 +16,7 @@ networking risk needs sudo mode.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
@@ -144,11 +144,11 @@ class RiskForm(forms.Form):
     expires_at = forms.DateTimeField(input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"])
 
     def clean_expires_at(self) -> datetime:
+        # The browser's datetime-local has no zone and the page says UTC: the wall-clock
+        # time typed is read as UTC whatever the server's current time zone.
         value = self.cleaned_data["expires_at"]
-        # The browser's datetime-local has no zone: the page says it is UTC.
-        if timezone.is_naive(value):
-            value = value.replace(tzinfo=timezone.UTC)
-        return value
+        typed = value if timezone.is_naive(value) else timezone.make_naive(value)
+        return typed.replace(tzinfo=UTC)
 
 
 def _form_errors(form) -> list[str]:
