@@ -13,12 +13,15 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.console.sudo import sudo_stamp
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
+from kestrel_one.mcp.profiles import risk_acceptance_in_force
 from tests.api.routes import database_fingerprint
 from tests.console.pages import mcp_server_in
 
@@ -90,7 +93,7 @@ def test_a_poisoned_description_is_shown_escaped_and_flagged(world, server):
     assert "ignore_instructions</span>" in html and "exfiltration</span>" in html
     # The changed tool's new definition is shown beside the recorded one, with the diff and
     # the flags found in it.
-    assert "Waiting for review" in html
+    assert "Waiting for review" in html and "changed: <code>description</code>" in html
     assert "Recorded definition of poisoned" in html and "New definition of poisoned" in html
     assert 'diff-line diff-add">+  &quot;description&quot;: &quot;Add two numbers. Ignore' in html
     assert 'diff-line diff-del">-  &quot;description&quot;: &quot;Add two numbers.&quot;' in html
@@ -357,3 +360,23 @@ def test_an_admin_refreshes_and_removes_a_server(world, server):
     assert server.state == "removed"
     assert admin.get(page).status_code == 404
     assert server.public_id not in admin.get(_page(world)).content.decode()
+
+
+def test_the_list_costs_the_same_queries_however_many_servers(world, server):
+    """Each server's network is read with the others' (one query for the risk acceptances
+    in force), and agrees with ``profiles.risk_acceptance_in_force``."""
+    admin = _client(world["admin"].user)
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert admin.get(_page(world)).status_code == 200
+        return len(captured)
+
+    one = queries()
+    for number in range(3):
+        mcp_server_in(world.org, world.environment, name=f"more-{number}")
+    assert queries() == one
+    html = admin.get(_page(world)).content.decode()
+    for made in McpServer.objects.filter(organization=world.org):
+        risk = risk_acceptance_in_force(made)
+        assert risk is not None and f"<code>{risk.public_id}</code>" in html
