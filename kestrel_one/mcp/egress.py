@@ -152,11 +152,12 @@ def egress_parse(raw: Any, *, field: str = "egress") -> list[dict]:
             if not isinstance(entry, dict):
                 refuse(at, "must be an object with exactly: host, port, protocol")
                 continue
-            for key in sorted(set(entry) - set(EGRESS_FIELDS), key=str):
+            unknown = sorted(set(entry) - set(EGRESS_FIELDS), key=str)
+            for key in unknown:
                 refuse(
                     f"{at}.{echo(key)}", "unknown field; an entry has exactly: host, port, protocol"
                 )
-            valid = True
+            valid = not unknown
             for key, check in (
                 ("host", _host_problem),
                 ("port", _port_problem),

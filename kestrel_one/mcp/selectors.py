@@ -37,6 +37,7 @@ RISK_WITHDRAWN = "withdrawn"
 # Made for another image or base profile than the server has now: it no longer applies.
 RISK_VOID = "void"
 PENDING_REVIEW = (McpTool.State.CHANGED, McpTool.State.NEW)
+_LISTED_SERVER_STATES = [s for s in McpServer.State.values if s != McpServer.State.REMOVED]
 
 
 def mcp_servers_of(organization) -> QuerySet[McpServer]:
@@ -206,6 +207,3 @@ def org_tool_inventory(organization) -> dict:
         for tool in recorded
     ]
     return {"tools": registry, "mcp_tools": mcp}
-
-
-_LISTED_SERVER_STATES = [s for s in McpServer.State.values if s != McpServer.State.REMOVED]

@@ -33,6 +33,7 @@ from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
 from kestrel_one.mcp.profiles import base_profile_sha256, egress_status
 from runners.contract.mcp import (
     DEFAULT_LIMITS,
+    IMAGE_ID,
     MANAGED_SERVERS,
     MAX_DESCRIPTION_CHARS,
     MAX_SCHEMA_BYTES,
@@ -86,6 +87,28 @@ def _refuse(field: str, reason: str, *, error=ValidationFailed) -> NoReturn:
     raise error(f"{field}: {reason}", details={field: [reason]})
 
 
+def _keyword_reason(keyword: str, bound: Any) -> str:
+    if keyword == "type":
+        return f"must be of type {bound}"
+    if keyword == "minLength":
+        return "must not be empty" if bound == 1 else f"must be at least {bound} long"
+    if keyword == "maxLength":
+        return f"must be at most {bound} characters"
+    if keyword == "maxItems":
+        return f"must hold at most {bound} items"
+    if keyword == "minimum":
+        return f"must be at least {bound}"
+    if keyword == "maximum":
+        return f"must be at most {bound}"
+    if keyword == "exclusiveMinimum":
+        return f"must be more than {bound}"
+    if keyword == "pattern":
+        return "must not contain a NUL character"
+    if keyword == "enum":
+        return f"must be one of: {', '.join(map(str, bound))}"
+    return "is not valid here"
+
+
 def _schema_problems(instance: Any, schema: dict, field: str) -> dict[str, list[str]]:
     """Every jsonschema error of ``instance`` at its path under ``field``, in words that
     never repeat a long value."""
@@ -95,17 +118,7 @@ def _schema_problems(instance: Any, schema: dict, field: str) -> dict[str, list[
         for part in error.absolute_path:
             path += f"[{part}]" if isinstance(part, int) else f".{part}"
         keyword, bound = error.validator, error.validator_value
-        reason = {
-            "type": f"must be of type {bound}",
-            "minLength": "must not be empty" if bound == 1 else f"must be at least {bound} long",
-            "maxLength": f"must be at most {bound} characters",
-            "maxItems": f"must hold at most {bound} items",
-            "minimum": f"must be at least {bound}",
-            "maximum": f"must be at most {bound}",
-            "exclusiveMinimum": f"must be more than {bound}",
-            "pattern": "must not contain a NUL character",
-            "enum": f"must be one of: {', '.join(map(str, bound or []))}",
-        }.get(str(keyword), "is not valid here")
+        reason = _keyword_reason(str(keyword), bound)
         if keyword == "additionalProperties":
             known = ", ".join(schema.get("properties", {}))
             for name in sorted(set(instance) - set(schema.get("properties", {}))):
@@ -136,6 +149,12 @@ def image_reference_parse(raw: Any) -> tuple[str, str]:
     found = _PINNED.fullmatch(raw)
     if found is not None:
         return raw, f"sha256:{found['hex']}"
+    if IMAGE_ID.fullmatch(raw):
+        _refuse(
+            "image",
+            f"must name the image's repository too: {PINNED_FORM} (a bare id says nothing "
+            "the engine can check the image against)",
+        )
     if "@" not in raw:
         if _UNPINNED.fullmatch(raw):
             _refuse(

@@ -1,0 +1,190 @@
+"""Unrestricted networking as a recorded risk (MCP-4): only for a custom server, only with
+an admin's justified, expiring acceptance bound to the image and base profile; network-off
+again once it expires, is withdrawn, or the server changes. Impossible for managed ones."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from kestrel_one.audit.models import AuditRecord
+from kestrel_one.mcp.models import McpRiskAcceptance, McpServer
+from kestrel_one.mcp.profiles import server_profile
+from tests.mcp.api_support import ECHO, URL, discovered, installed
+
+pytestmark = pytest.mark.spec("MCP-4")
+
+
+def later(**delta) -> str:
+    return (timezone.now() + timedelta(**delta)).isoformat()
+
+
+@pytest.fixture
+def ready(world) -> dict:
+    server = installed(world["admin"].client(), world)
+    discovered(server["id"], ECHO)
+    return server
+
+
+def accept(client, server_id: str, **fields):
+    body = {
+        "justification": "It calls the vendor's API, which has no fixed hosts.",
+        "expires_at": later(days=7),
+    }
+    body.update(fields)
+    body = {key: value for key, value in body.items() if value is not ...}
+    return client.post(f"{URL}/{server_id}/risk-acceptances", body, format="json")
+
+
+def network(client, server_id: str) -> dict:
+    return client.get(f"{URL}/{server_id}").json()["network"]
+
+
+@pytest.mark.parametrize("justification", [..., "", "   \n\t ", None, 7])
+def test_a_risk_acceptance_without_a_justification_is_refused(world, ready, justification):
+    response = accept(world["admin"].client(), ready["id"], justification=justification)
+    assert response.status_code == 400, response.content
+    assert "justification" in response.json()["error"]["details"]
+    assert not McpRiskAcceptance.objects.exists()
+    assert network(world["admin"].client(), ready["id"])["mode"] == "none"
+
+
+def test_a_risk_acceptance_for_a_managed_server_is_refused(world):
+    admin = world["admin"].client()
+    server = installed(admin, world, name="files", image=None, managed="filesystem")
+    discovered(server["id"], image_id="sha256:" + "e" * 64)
+    response = accept(admin, server["id"])
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "managed_server_network"
+    assert "impossible for managed servers" in error["message"]
+    assert not McpRiskAcceptance.objects.exists()
+    assert network(admin, server["id"]) == {
+        "mode": "none",
+        "egress": "none",
+        "risk_acceptance": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("expires_at", "words"),
+    [
+        (later(minutes=-1), "must be in the future"),
+        (later(days=-30), "must be in the future"),
+        (later(days=91), "at most 90 days ahead"),
+        ("next week", "Datetime has wrong format"),
+    ],
+)
+def test_an_expiry_in_the_past_or_too_far_ahead_is_refused(world, ready, expires_at, words):
+    response = accept(world["admin"].client(), ready["id"], expires_at=expires_at)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert "expires_at" in error["details"] and words in error["message"], error
+    assert not McpRiskAcceptance.objects.exists()
+
+
+def test_the_longest_expiry_is_a_setting(world, ready, settings):
+    settings.KESTREL_MCP_RISK_MAX_DAYS = 3
+    admin = world["admin"].client()
+    assert accept(admin, ready["id"], expires_at=later(days=4)).status_code == 400
+    assert accept(admin, ready["id"], expires_at=later(days=2)).status_code == 201
+
+
+def test_a_server_not_yet_discovered_cannot_be_accepted(world):
+    admin = world["admin"].client()
+    server = installed(admin, world)  # still discovering: its image is not verified yet
+    response = accept(admin, server["id"])
+    assert response.status_code == 409, response.content
+    assert "not ready" in response.json()["error"]["message"]
+
+
+def test_an_acceptance_bridges_the_server_until_it_expires(world, ready):
+    admin = world["admin"].client()
+    made = accept(admin, ready["id"], justification="  Needs its vendor's API.  ")
+    assert made.status_code == 201, made.content
+    acceptance = made.json()
+    assert acceptance["id"].startswith("rsk_") and acceptance["state"] == "active"
+    assert acceptance["justification"] == "Needs its vendor's API."
+    assert acceptance["image_id"] == ready["image_id"]
+    assert network(admin, ready["id"]) == {
+        "mode": "bridge",
+        "egress": "none",
+        "risk_acceptance": acceptance["id"],
+    }
+    server = McpServer.objects.get(public_id=ready["id"])
+    assert server_profile(server)["network"] == "bridge"
+    assert server_profile(server)["risk_acceptance"] == acceptance["id"]
+    record = AuditRecord.objects.get(action="mcp.risk.accept", target_id=acceptance["id"])
+    assert record.data["justification"] == "Needs its vendor's API."
+    assert record.data["server"] == ready["id"] and record.data["image_id"] == ready["image_id"]
+
+    # Its expiry passes (the sweep that records it in the audit log is not needed for this).
+    McpRiskAcceptance.objects.filter(public_id=acceptance["id"]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert network(admin, ready["id"]) == {
+        "mode": "none",
+        "egress": "none",
+        "risk_acceptance": None,
+    }
+    assert server_profile(server)["network"] == "none"
+    listed = world["viewer"].client().get(f"{URL}/{ready['id']}/risk-acceptances").json()
+    assert [(a["id"], a["state"]) for a in listed["results"]] == [(acceptance["id"], "expired")]
+
+
+def test_withdrawing_ends_it_at_once(world, ready):
+    admin = world["admin"].client()
+    first = accept(admin, ready["id"]).json()
+    second = accept(admin, ready["id"], expires_at=later(days=2)).json()
+    assert network(admin, ready["id"])["risk_acceptance"] == second["id"]  # the newest
+    base = f"{URL}/{ready['id']}/risk-acceptances"
+    for acceptance in (second, first):
+        withdrawn = admin.post(f"{base}/{acceptance['id']}/withdraw", {}, format="json")
+        assert withdrawn.status_code == 200, withdrawn.content
+        assert withdrawn.json()["state"] == "withdrawn"
+        assert withdrawn.json()["withdrawn_by"] == world["admin"].user.public_id
+    assert network(admin, ready["id"])["mode"] == "none"
+    again = admin.post(f"{base}/{first['id']}/withdraw", {}, format="json")
+    assert again.status_code == 409
+    listed = admin.get(base).json()["results"]
+    assert [a["id"] for a in listed] == [second["id"], first["id"]]  # newest first
+    assert {a["state"] for a in listed} == {"withdrawn"}
+    assert AuditRecord.objects.filter(action="mcp.risk.withdraw").count() == 2
+    missing = admin.post(f"{base}/rsk_00000000000000000000000000/withdraw", {}, format="json")
+    assert missing.status_code == 404
+
+
+@pytest.mark.spec("MCP-2")
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"image": "kestrel-test/mcp-custom@sha256:" + "c" * 64},
+        {"limits": {"memory_mb": 1024}},
+        {"workspace": "ro"},
+    ],
+)
+def test_a_new_image_or_profile_voids_the_acceptance_and_the_egress_grant(world, change):
+    admin = world["admin"].client()
+    egress = [{"host": "api.example.com", "port": 443, "protocol": "https"}]
+    server = installed(admin, world, egress=egress)
+    discovered(server["id"], ECHO)
+    acceptance = accept(admin, server["id"]).json()
+    # Accepting the risk leaves the allowlist's grant as it was (both bind the base profile).
+    assert network(admin, server["id"]) == {
+        "mode": "bridge",
+        "egress": "awaiting_gateway",
+        "risk_acceptance": acceptance["id"],
+    }
+    patched = admin.patch(f"{URL}/{server['id']}", change, format="json")
+    assert patched.status_code == 200, patched.content
+    if "image" in change:  # a new image is discovered again; then it is ready
+        discovered(server["id"])
+    assert network(admin, server["id"]) == {
+        "mode": "none",
+        "egress": "void",
+        "risk_acceptance": None,
+    }
+    listed = admin.get(f"{URL}/{server['id']}/risk-acceptances").json()["results"]
+    assert [a["state"] for a in listed] == ["void"]
