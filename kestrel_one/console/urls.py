@@ -10,6 +10,7 @@ from kestrel_one.console import (
     credentials,
     dashboard,
     gateway,
+    mcp,
     policy,
     views,
 )
@@ -24,4 +25,5 @@ urlpatterns = [
     *gateway.urlpatterns,
     *credentials.urlpatterns,
     *adapters.urlpatterns,
+    *mcp.urlpatterns,
 ]

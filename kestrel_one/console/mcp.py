@@ -1,0 +1,535 @@
+"""Console: the organization's installed MCP servers (MCP-1..5, POL-8; docs/mcp.md).
+
+``/console/{org}/mcp-servers`` lists what is installed in each Environment and, for admins
+(``mcp:write``), installs one: custom by ``REPO@sha256:DIGEST`` or managed by name. A
+server's page shows its profile, its recorded tools (descriptions are untrusted text: shown
+escaped, their injection flags marked, never followed), the tools waiting for a review with
+the recorded and the new definition side by side, its egress entries (which never give it a
+network: there is no trusted egress gateway yet) and its risk acceptances.
+
+As everywhere in the console, every member reads what the API lets them read (``org:read``)
+and every write goes through the service the API calls, with the API's scope; a service's
+refusal is shown on the page with its status and every field it names. Accepting a
+networking risk needs sudo mode.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django import forms
+from django.http import Http404, HttpResponseRedirect
+from django.urls import URLPattern, path
+from django.utils import timezone
+from django.utils.http import urlencode
+
+from kestrel_one.common.errors import KestrelError
+from kestrel_one.console.base import ConsoleView
+from kestrel_one.governance.drafts import policy_diff
+from kestrel_one.mcp import services
+from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
+from kestrel_one.mcp.profiles import (
+    EGRESS_AWAITING_GATEWAY,
+    EGRESS_VOID,
+    base_profile_sha256,
+    egress_status,
+    risk_acceptance_in_force,
+    server_profile,
+)
+from kestrel_one.mcp.selectors import (
+    mcp_servers_of,
+    risk_acceptance_state,
+    risk_acceptances_of,
+    tool_body,
+    tools_of,
+)
+from kestrel_one.tenancy.models import Environment
+from runners.contract.mcp import MANAGED_SERVERS, WORKSPACE_MOUNTS
+
+TEMPLATES = "console/mcp/"
+MANAGED_CHOICES = [(name, name) for name in sorted(MANAGED_SERVERS)]
+# The most egress text a form takes (64 entries of the longest host are well under it).
+MAX_EGRESS_TEXT = 32 * 1024
+
+
+def _back(url: str, **notice: str) -> HttpResponseRedirect:
+    query = f"?{urlencode(notice)}" if notice else ""
+    return HttpResponseRedirect(url + query, status=303)
+
+
+def egress_from_text(raw: str) -> list[Any]:
+    """The egress entries an admin typed: a JSON array, or one ``host port protocol`` per
+    line (blank lines and ``#`` comments skipped). Only the shape of the text is read here;
+    every entry is checked by the service's strict parser, which names each error at its
+    path (``egress[2].port``). A port that is not all digits stays a string so that the
+    parser refuses it rather than this guessing."""
+    text = raw.strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise forms.ValidationError(
+                f"not valid JSON: {error.msg} (line {error.lineno})"
+            ) from None
+        if not isinstance(value, list):
+            raise forms.ValidationError("must be a JSON array of {host, port, protocol}")
+        return value
+    entries: list[Any] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 3:
+            raise forms.ValidationError(
+                f"line {number}: expected `host port protocol`, e.g. `api.example.com 443 https`"
+            )
+        host, port, protocol = parts
+        entries.append(
+            {
+                "host": host,
+                "port": int(port) if port.isascii() and port.isdigit() else port,
+                "protocol": protocol,
+            }
+        )
+    return entries
+
+
+def egress_as_text(entries: list[dict]) -> str:
+    return "\n".join(f"{e.get('host')} {e.get('port')} {e.get('protocol')}" for e in entries)
+
+
+class EgressField(forms.CharField):
+    widget = forms.Textarea
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, max_length=MAX_EGRESS_TEXT, strip=False, **kwargs)
+
+    def clean(self, value):
+        return egress_from_text(super().clean(value) or "")
+
+
+class InstallForm(forms.Form):
+    name = forms.CharField(max_length=63)
+    environment = forms.ChoiceField(choices=())
+    kind = forms.ChoiceField(choices=[("custom", "custom"), ("managed", "managed")])
+    image = forms.CharField(max_length=512, required=False)
+    managed = forms.ChoiceField(choices=[("", ""), *MANAGED_CHOICES], required=False)
+    workspace = forms.ChoiceField(choices=[(m, m) for m in WORKSPACE_MOUNTS], required=False)
+    egress = EgressField()
+
+    def __init__(self, *args, environments=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["environment"].choices = [(e.public_id, e.name) for e in environments]
+
+
+class EgressForm(forms.Form):
+    egress = EgressField()
+
+
+class ReviewForm(forms.Form):
+    accept = forms.ChoiceField(choices=[("yes", "accept"), ("no", "keep disabled")])
+
+
+class MarkForm(forms.Form):
+    dangerous = forms.ChoiceField(choices=[("on", "mark"), ("off", "unmark")])
+
+
+class RiskForm(forms.Form):
+    justification = forms.CharField(max_length=4000, strip=True)
+    expires_at = forms.DateTimeField(input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"])
+
+    def clean_expires_at(self) -> datetime:
+        # The browser's datetime-local has no zone and the page says UTC: the wall-clock
+        # time typed is read as UTC whatever the server's current time zone.
+        value = self.cleaned_data["expires_at"]
+        typed = value if timezone.is_naive(value) else timezone.make_naive(value)
+        return typed.replace(tzinfo=UTC)
+
+
+def _form_errors(form) -> list[str]:
+    return [
+        f"{'' if field == '__all__' else field + ': '}{message}"
+        for field, errors in form.errors.items()
+        for message in errors
+    ]
+
+
+def _service_errors(error: KestrelError) -> list[str]:
+    """The refusal's message and every field it names (``egress[2].port: ...``)."""
+    lines = [error.message]
+    if isinstance(error.details, dict):
+        for field, messages in error.details.items():
+            for message in messages if isinstance(messages, list) else [messages]:
+                lines.append(f"{field}: {message}")
+    return lines
+
+
+def _network(server: McpServer, risk: McpRiskAcceptance | None) -> dict[str, Any]:
+    """What the server's container gets now, as the API's ``network`` says it."""
+    return {
+        "mode": "bridge" if risk is not None else "none",
+        "egress": egress_status(server),
+        "risk_acceptance": risk.public_id if risk is not None else None,
+    }
+
+
+def servers_listed(organization) -> list[dict[str, Any]]:
+    """The installed servers with their networking, in a fixed number of queries: the risk
+    acceptances in force are read once for all of them, and matched to each server's image
+    and base profile the way ``profiles.risk_acceptance_in_force`` matches them."""
+    servers = list(mcp_servers_of(organization).order_by("environment__name", "name")[:500])
+    in_force: dict[int, list[McpRiskAcceptance]] = {}
+    for risk in (
+        McpRiskAcceptance.objects.in_force()
+        .filter(server__in=[s for s in servers if s.kind == McpServer.Kind.CUSTOM and s.image_id])
+        .order_by("-created_at")
+    ):
+        in_force.setdefault(risk.server_id, []).append(risk)
+    rows = []
+    for server in servers:
+        base = base_profile_sha256(server)
+        risk = next(
+            (
+                r
+                for r in in_force.get(server.pk, [])
+                if r.image_id == server.image_id and r.profile_sha256 == base
+            ),
+            None,
+        )
+        rows.append({"server": server, "network": _network(server, risk)})
+    return rows
+
+
+def danger_reasons(tool: McpTool) -> list[str]:
+    """Why ``tool.dangerous`` is true (the POL-8 rule of ``McpTool.dangerous``)."""
+    hints = tool.annotations
+    reasons = []
+    if tool.marked_dangerous:
+        reasons.append("an admin marked it dangerous")
+    if hints.get("destructiveHint") is True:
+        reasons.append("its annotations say destructiveHint")
+    if hints.get("readOnlyHint") is not True:
+        reasons.append("its annotations do not say readOnlyHint")
+    return reasons
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def tool_view(tool: McpTool) -> dict[str, Any]:
+    """What the page shows of one recorded tool, and of its pending definition."""
+    definition = tool.definition or {}
+    pending = None
+    if tool.pending_definition is not None:
+        new = tool.pending_definition
+        pending = {
+            "definition": new,
+            "pretty": _pretty(new),
+            "description": new.get("description", ""),
+            "sha256": tool.pending_sha256,
+            "flags": tool.pending_flags,
+            "seen_at": tool.pending_seen_at,
+            "diff": policy_diff(definition or None, new),
+            # The definition fields that differ (the API's ``pending.diff``).
+            "fields": sorted(tool_body(tool)["pending"]["diff"]),
+        }
+    return {
+        "tool": tool,
+        "title": definition.get("title", ""),
+        "description": definition.get("description", ""),
+        "schema": _pretty(tool.input_schema),
+        "annotations": _pretty(tool.annotations) if tool.annotations else "",
+        "recorded": _pretty(definition),
+        "dangerous": tool.dangerous,
+        "reasons": danger_reasons(tool),
+        "pending": pending,
+    }
+
+
+class McpServersView(ConsoleView):
+    """``/console/{org}/mcp-servers``: the installed servers and, for admins, the install
+    form (the API's ``POST .../mcp-servers``)."""
+
+    scope_map = {"GET": "org:read", "POST": "mcp:write"}
+    section = "mcp"
+
+    def environments(self):
+        return Environment.objects.filter(organization=self.organization).order_by("name")
+
+    def get(self, request, org: str):
+        return self.servers_page(InstallForm(environments=self.environments()))
+
+    def post(self, request, org: str):
+        environments = list(self.environments())
+        form = InstallForm(request.POST, environments=environments)
+        if not form.is_valid():
+            return self.servers_page(form, status=400, errors=_form_errors(form))
+        data = form.cleaned_data
+        environment = next(e for e in environments if e.public_id == data["environment"])
+        custom = data["kind"] == "custom"
+        try:
+            server = services.mcp_server_install(
+                actor=self.principal,
+                organization=self.organization,
+                name=data["name"],
+                environment=environment,
+                image=data["image"].strip() if custom else None,
+                managed=None if custom else data["managed"],
+                workspace=(data["workspace"] or None) if custom else None,
+                egress=data["egress"],
+            )
+        except KestrelError as error:
+            return self.servers_page(form, status=error.status, errors=_service_errors(error))
+        return _back(f"/console/{org}/mcp-servers/{server.public_id}", installed="1")
+
+    def servers_page(self, form, *, status: int = 200, errors: list[str] | None = None):
+        context = {
+            "form": form,
+            "rows": servers_listed(self.organization),
+            "environments": self.environments(),
+            "managed_choices": MANAGED_CHOICES,
+            "workspace_choices": WORKSPACE_MOUNTS,
+            "can_write": self.can("mcp:write"),
+            "errors": errors or [],
+            "notice": {"removed": self.request.GET.get("removed", "")[:40]},
+        }
+        return self.page(TEMPLATES + "servers.html", context, status=status)
+
+
+class _OneServer(ConsoleView):
+    scope_map = {"GET": "org:read", "POST": "mcp:write"}
+    section = "mcp"
+
+    def resolve_parents(self, **kwargs: Any) -> None:
+        server = (
+            McpServer.objects.for_org(self.organization)
+            .installed()
+            .select_related("environment")
+            .filter(public_id=kwargs.get("mcp"))
+            .first()
+        )
+        if server is None:
+            raise Http404
+        self.server = server
+
+    def back_to(self) -> str:
+        return self.server_url()
+
+    def server_url(self) -> str:
+        return f"/console/{self.organization.slug}/mcp-servers/{self.server.public_id}"
+
+    def server_page(self, *, status: int = 200, errors: list[str] | None = None, **extra: Any):
+        server = self.server
+        now = timezone.now()
+        tools = [tool_view(tool) for tool in tools_of(server)]
+        acceptances = risk_acceptances_of(server).select_related("accepted_by", "withdrawn_by")
+        risks = [
+            {"risk": risk, "state": risk_acceptance_state(risk, now=now)}
+            for risk in acceptances.order_by("-created_at", "-pk")[:100]
+        ]
+        profile = server_profile(server, now=now)
+        context = {
+            "server": server,
+            "profile": _pretty(profile),
+            "network": _network(server, risk_acceptance_in_force(server, now=now)),
+            "tools": tools,
+            "pending": [view for view in tools if view["pending"] is not None],
+            "risks": risks,
+            "egress_text": extra.pop("egress_text", egress_as_text(server.egress)),
+            "egress_awaiting": EGRESS_AWAITING_GATEWAY,
+            "egress_void": EGRESS_VOID,
+            "can_write": self.can("mcp:write"),
+            "errors": errors or [],
+            "notice": {
+                key: self.request.GET.get(key, "")[:40]
+                for key in (
+                    "installed",
+                    "egress",
+                    "refreshed",
+                    "reviewed",
+                    "marked",
+                    "accepted",
+                    "withdrawn",
+                )
+            },
+            **extra,
+        }
+        return self.page(TEMPLATES + "server.html", context, status=status)
+
+
+class McpServerView(_OneServer):
+    """``/console/{org}/mcp-servers/{mcp}``: the server's page; its POST authors the egress
+    entries (the API's ``PATCH`` with ``egress``: approving them for the current image and
+    base profile)."""
+
+    def get(self, request, org: str, mcp: str):
+        return self.server_page()
+
+    def post(self, request, org: str, mcp: str):
+        form = EgressForm(request.POST)
+        if not form.is_valid():
+            return self.server_page(
+                status=400, errors=_form_errors(form), egress_text=request.POST.get("egress", "")
+            )
+        try:
+            services.mcp_server_update(
+                actor=self.principal,
+                server=self.server,
+                changes={"egress": form.cleaned_data["egress"]},
+            )
+        except KestrelError as error:
+            return self.server_page(
+                status=error.status,
+                errors=_service_errors(error),
+                egress_text=request.POST.get("egress", ""),
+            )
+        return _back(self.server_url(), egress="1")
+
+
+class McpServerRefreshView(_OneServer):
+    """``POST .../mcp-servers/{mcp}/refresh``: a new discovery of its tools."""
+
+    scope_map = {"POST": "mcp:write"}
+
+    def post(self, request, org: str, mcp: str):
+        try:
+            services.mcp_server_refresh(actor=self.principal, server=self.server)
+        except KestrelError as error:
+            return self.server_page(status=error.status, errors=_service_errors(error))
+        return _back(self.server_url(), refreshed="1")
+
+
+class McpServerRemoveView(_OneServer):
+    """``POST .../mcp-servers/{mcp}/remove``: as the API's ``DELETE`` (kept for the records,
+    never callable again)."""
+
+    scope_map = {"POST": "mcp:write"}
+
+    def post(self, request, org: str, mcp: str):
+        try:
+            services.mcp_server_remove(actor=self.principal, server=self.server)
+        except KestrelError as error:
+            return self.server_page(status=error.status, errors=_service_errors(error))
+        return _back(f"/console/{org}/mcp-servers", removed=self.server.public_id)
+
+
+class _OneTool(_OneServer):
+    scope_map = {"POST": "mcp:write"}
+
+    def resolve_parents(self, **kwargs: Any) -> None:
+        super().resolve_parents(**kwargs)
+        tool = self.server.tools.filter(name=kwargs.get("tool")).first()
+        if tool is None:
+            raise Http404
+        self.tool = tool
+
+
+class McpToolReviewView(_OneTool):
+    """``POST .../tools/{tool}/review``: accept the pending definition, or keep the tool
+    disabled (the API's ``{"accept": true|false}``)."""
+
+    def post(self, request, org: str, mcp: str, tool: str):
+        form = ReviewForm(request.POST)
+        if not form.is_valid():
+            return self.server_page(status=400, errors=_form_errors(form))
+        accept = form.cleaned_data["accept"] == "yes"
+        try:
+            services.mcp_tool_review(actor=self.principal, tool=self.tool, accept=accept)
+        except KestrelError as error:
+            return self.server_page(status=error.status, errors=_service_errors(error))
+        return _back(self.server_url(), reviewed=self.tool.name[:40])
+
+
+class McpToolMarkView(_OneTool):
+    """``POST .../tools/{tool}/mark``: an admin's dangerous marking (unmarking removes only
+    that mark, never what the annotations declare)."""
+
+    def post(self, request, org: str, mcp: str, tool: str):
+        form = MarkForm(request.POST)
+        if not form.is_valid():
+            return self.server_page(status=400, errors=_form_errors(form))
+        dangerous = form.cleaned_data["dangerous"] == "on"
+        try:
+            services.mcp_tool_mark(actor=self.principal, tool=self.tool, dangerous=dangerous)
+        except KestrelError as error:
+            return self.server_page(status=error.status, errors=_service_errors(error))
+        return _back(self.server_url(), marked=self.tool.name[:40])
+
+
+class McpRiskAcceptView(_OneServer):
+    """``POST .../mcp-servers/{mcp}/risk-acceptances``: unrestricted networking for a custom
+    server, justified and expiring (MCP-4). Needs sudo mode."""
+
+    scope_map = {"POST": "mcp:write"}
+    sudo_for = {"POST": "accept a networking risk for an MCP server"}
+
+    def post(self, request, org: str, mcp: str):
+        form = RiskForm(request.POST)
+        if not form.is_valid():
+            return self.server_page(status=400, errors=_form_errors(form))
+        try:
+            risk = services.mcp_risk_accept(
+                actor=self.principal,
+                server=self.server,
+                justification=form.cleaned_data["justification"],
+                expires_at=form.cleaned_data["expires_at"],
+            )
+        except KestrelError as error:
+            return self.server_page(status=error.status, errors=_service_errors(error))
+        return _back(self.server_url(), accepted=risk.public_id)
+
+
+class McpRiskWithdrawView(_OneServer):
+    """``POST .../risk-acceptances/{rsk}/withdraw``: back to network-off on the next start."""
+
+    scope_map = {"POST": "mcp:write"}
+
+    def resolve_parents(self, **kwargs: Any) -> None:
+        super().resolve_parents(**kwargs)
+        risk = self.server.risk_acceptances.filter(public_id=kwargs.get("rsk")).first()
+        if risk is None:
+            raise Http404
+        self.risk = risk
+
+    def post(self, request, org: str, mcp: str, rsk: str):
+        try:
+            services.mcp_risk_withdraw(actor=self.principal, acceptance=self.risk)
+        except KestrelError as error:
+            return self.server_page(status=error.status, errors=_service_errors(error))
+        return _back(self.server_url(), withdrawn=self.risk.public_id)
+
+
+ORG = "console/<slug:org>/mcp-servers"
+
+urlpatterns: list[URLPattern] = [
+    path(ORG, McpServersView.as_view(), name="console_mcp_servers"),
+    path(f"{ORG}/<str:mcp>", McpServerView.as_view(), name="console_mcp_server"),
+    path(f"{ORG}/<str:mcp>/refresh", McpServerRefreshView.as_view(), name="console_mcp_refresh"),
+    path(f"{ORG}/<str:mcp>/remove", McpServerRemoveView.as_view(), name="console_mcp_remove"),
+    path(
+        f"{ORG}/<str:mcp>/tools/<str:tool>/review",
+        McpToolReviewView.as_view(),
+        name="console_mcp_tool_review",
+    ),
+    path(
+        f"{ORG}/<str:mcp>/tools/<str:tool>/mark",
+        McpToolMarkView.as_view(),
+        name="console_mcp_tool_mark",
+    ),
+    path(
+        f"{ORG}/<str:mcp>/risk-acceptances",
+        McpRiskAcceptView.as_view(),
+        name="console_mcp_risk_accept",
+    ),
+    path(
+        f"{ORG}/<str:mcp>/risk-acceptances/<str:rsk>/withdraw",
+        McpRiskWithdrawView.as_view(),
+        name="console_mcp_risk_withdraw",
+    ),
+]
