@@ -28,17 +28,18 @@ CUSTOM_TOOLS = ["echo", "append_note", "inject", "poisoned", "net_probe"]
 
 
 def policy(*, dangerous: list[str]) -> dict:
+    custom: dict = {"tools": CUSTOM_TOOLS}
+    if dangerous:  # an empty opt-in list is refused: leaving it out opts in to nothing
+        custom["dangerous"] = dangerous
     return {
         "capabilities": {
             "fs.write": {"paths": ["**"]},
             "mcp.call": {
                 "approval": "never",
                 "servers": {
-                    "custom": {"tools": CUSTOM_TOOLS, "dangerous": dangerous},
-                    "files": {
-                        "tools": ["list_directory", "read_text_file", "write_file"],
-                        "dangerous": ["write_file"],
-                    },
+                    "custom": custom,
+                    # write_file is granted, but not opted in to as dangerous.
+                    "files": {"tools": ["list_directory", "read_text_file", "write_file"]},
                 },
             },
         }
@@ -141,10 +142,12 @@ def stack(tmp_path_factory, custom_mcp_image, managed_mcp_images):
         print(serve.stop()[-6000:])
 
 
-def server_containers(server_id: str) -> list:
+def server_containers(server_id: str, thread: str) -> list:
+    """The running containers of ``server_id`` kept warm for ``thread``."""
     client = docker.from_env()
+    labels = [f"io.kestrel.mcp={server_id}", f"io.kestrel.thread={thread}"]
     try:
-        return client.containers.list(filters={"label": f"io.kestrel.mcp={server_id}"})
+        return client.containers.list(filters={"label": labels})
     finally:
         client.close()
 
@@ -180,12 +183,12 @@ def test_a_call_runs_in_a_hardened_network_less_container_and_leaves_a_receipt(s
     assert action["state"] == "succeeded", action
     assert text_of(action["result"]) == "hello through kestrel"
     assert action["result"]["is_error"] is False
-    receipt = stack.call("GET", f"/orgs/local/actions/{action['id']}/receipt")
+    receipt = stack.call("GET", f"{stack.threads}/{thread}/actions/{action['id']}/receipt")
     assert receipt["action_digest"] == action["action_digest"]
     # The pinned profile is in the arguments the digest binds.
     assert action["args"]["pinned"]["profile"]["image"] == stack.server("custom")["image_id"]
 
-    (container,) = server_containers(stack.servers["custom"])
+    (container,) = server_containers(stack.servers["custom"], thread)
     host = container.attrs["HostConfig"]
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
@@ -225,7 +228,10 @@ def test_an_undeclared_tool_is_refused_and_a_dangerous_one_needs_the_opt_in(stac
     thread = stack.thread("dangerous")
     unknown = stack.mcp(thread, "custom", "rm_everything", {}, expect=400)
     assert "args.tool" in unknown["error"]["details"]
-    # The caller cannot say how dangerous a tool is, nor pin a server of its own.
+    # The caller cannot say how dangerous a tool is, nor pin a profile of its own: even a
+    # well-formed pinning (copied from a real call, danger switched off) is refused.
+    echoed = stack.mcp(thread, "custom", "echo", {"text": "pin me"})
+    forged = {**echoed["args"]["pinned"], "dangerous": False}
     pinned = stack.action(
         thread,
         "mcp.call",
@@ -233,7 +239,7 @@ def test_an_undeclared_tool_is_refused_and_a_dangerous_one_needs_the_opt_in(stac
             "server": stack.servers["custom"],
             "tool": "append_note",
             "arguments": {"text": "x"},
-            "pinned": {"dangerous": False},
+            "pinned": forged,
         },
         expect=400,
     )
@@ -257,7 +263,7 @@ def test_output_with_injection_text_is_flagged_and_grants_nothing(stack):
     assert "Ignore all previous instructions" in text_of(action["result"])
     events = stack.call("GET", f"{stack.threads}/{thread}/events?limit=200")["results"]
     finished = [e for e in events if e["kind"] == "action.finished"]
-    assert finished and "ignore_instructions" in finished[-1]["data"]["flags"]
+    assert finished and "output:ignore_instructions" in finished[-1]["data"]["flags"]
     # Nothing it says approves or widens anything: the dangerous tool is still denied.
     denied = stack.mcp(thread, "custom", "append_note", {"text": "after injection"})
     assert denied["state"] == "denied"
@@ -308,7 +314,7 @@ def test_an_allowlisted_server_stays_network_off(stack):
     thread = stack.thread("allowlisted")
     probe = stack.mcp(thread, "custom", "net_probe", {"host": "example.com", "port": 443})
     assert probe["result"]["structured_content"]["interfaces"] == ["lo"]
-    (container,) = server_containers(stack.servers["custom"])
+    (container,) = server_containers(stack.servers["custom"], thread)
     assert container.attrs["HostConfig"]["NetworkMode"] == "none"
     stack.call("PATCH", path, {"egress": []}, person=True)
 
@@ -336,20 +342,26 @@ def host_listener():
     listener.close()
 
 
+# Run inside a container: connect to the default route's gateway (the Docker host) at a port.
+_CONNECT_TO_GATEWAY = """
+import socket, struct, sys
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    fields = line.split()
+    if fields[1] == "00000000":
+        gateway = socket.inet_ntoa(struct.pack("<L", int(fields[2], 16)))
+socket.create_connection((gateway, int(sys.argv[1])), timeout=5)
+print("connected")
+"""
+
+
 def reachable_from_plain_bridge(port: int) -> bool:
     """Whether a container on Docker's default bridge reaches the host's listener at its
     gateway address: the contrast that shows the MCP network's block is what stops it."""
     client = docker.from_env()
     try:
-        gateway = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-        script = (
-            "import socket,sys\n"
-            f"s=socket.create_connection(({gateway!r},{port}),timeout=5)\n"
-            "print('connected')"
-        )
         output = client.containers.run(
             "kestrel/tool-runtime:latest",
-            ["python3", "-c", script],
+            ["python3", "-c", _CONNECT_TO_GATEWAY, str(port)],
             network_mode="bridge",
             remove=True,
             labels={"io.kestrel.test": "mcp-bridge-contrast"},
@@ -393,7 +405,8 @@ def test_a_risk_acceptance_gives_a_bridge_without_the_host_and_its_expiry_ends_i
     first = stack.mcp(thread, "custom", "net_probe", {"host": "127.0.0.1", "port": 9})
     seen = first["result"]["structured_content"]
     assert "lo" in seen["interfaces"] and len(seen["interfaces"]) > 1
-    (container,) = server_containers(stack.servers["custom"])
+    (container,) = server_containers(stack.servers["custom"], thread)
+    container.reload()  # the whole inspect, with each network's gateway
     (gateway,) = {
         entry["Gateway"] for entry in container.attrs["NetworkSettings"]["Networks"].values()
     }
