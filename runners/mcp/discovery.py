@@ -50,9 +50,10 @@ def resolve_image(client: Any, profile: dict[str, Any], managed: str | None) -> 
     """The id of the image the server runs from, checked against the engine.
 
     Managed: the id of MANAGED_SERVERS[managed]["image"] on this engine. Custom: the
-    profile's image id (or, for a pulled image, the reference) must exist, and the reference (``REPO@sha256:DIGEST``) must name it:
-    REPO among the image's repositories (RepoTags, RepoDigests) and DIGEST its id (a local
-    image has no RepoDigests) or one of its repository digests.
+    profile's image id (or, for a pulled image, the reference) must exist, and the
+    reference (``REPO@sha256:DIGEST``) must name it: REPO among the image's repositories
+    (RepoTags, RepoDigests) and DIGEST its id (a local image has no RepoDigests) or one of
+    its repository digests.
     """
     try:
         if managed is not None:
