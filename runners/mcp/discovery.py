@@ -50,9 +50,10 @@ def resolve_image(client: Any, profile: dict[str, Any], managed: str | None) -> 
     """The id of the image the server runs from, checked against the engine.
 
     Managed: the id of MANAGED_SERVERS[managed]["image"] on this engine. Custom: the
-    profile's image id must exist, and the reference (``REPO@sha256:DIGEST``) must name it:
-    REPO among the image's repositories (RepoTags, RepoDigests) and DIGEST its id (a local
-    image has no RepoDigests) or one of its repository digests.
+    profile's image id (or, for a pulled image, the reference) must exist, and the
+    reference (``REPO@sha256:DIGEST``) must name it: REPO among the image's repositories
+    (RepoTags, RepoDigests) and DIGEST its id (a local image has no RepoDigests) or one of
+    its repository digests.
     """
     try:
         if managed is not None:
@@ -71,7 +72,14 @@ def resolve_image(client: Any, profile: dict[str, Any], managed: str | None) -> 
         try:
             image = client.images.get(profile["image"])
         except docker.errors.ImageNotFound:
-            raise McpImageMissing(f"the engine has no image {profile['image']}") from None
+            # A pulled image's reference digest is its manifest's, not its id: the engine
+            # finds it by the reference; the report then names the id actually run.
+            try:
+                image = client.images.get(reference)
+            except (docker.errors.ImageNotFound, docker.errors.APIError):
+                raise McpImageMissing(
+                    f"the engine has no image {profile['image']} ({reference})"
+                ) from None
     except ENGINE_ERRORS as error:
         if isinstance(error, docker.errors.ImageNotFound):
             raise

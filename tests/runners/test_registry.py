@@ -28,6 +28,7 @@ def test_registry_holds_exactly_the_first_tool_set():
         "workspace.restore",
         "adapter.invoke",
         "model.invoke",
+        "mcp.call",
     }
 
 
