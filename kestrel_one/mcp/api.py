@@ -148,16 +148,20 @@ class McpServerViewSet(OrgScopedViewSet):
             raise NotFound()
         return found
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="mcp_servers_list", responses={200: OpenApiTypes.OBJECT})
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response([selectors.server_body(s) for s in page])
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="mcp_servers_retrieve", responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request, *args, **kwargs):
         return Response(selectors.server_body(self.get_object()))
 
-    @extend_schema(request=McpServerCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="mcp_servers_create",
+        request=McpServerCreateSerializer,
+        responses={201: OpenApiTypes.OBJECT},
+    )
     def create(self, request, *args, **kwargs):
         data = McpServerCreateSerializer(data=request.data, organization=self.organization)
         data.is_valid(raise_exception=True)
@@ -166,7 +170,11 @@ class McpServerViewSet(OrgScopedViewSet):
         )
         return Response(selectors.server_body(server), status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=McpServerUpdateSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="mcp_servers_update",
+        request=McpServerUpdateSerializer,
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def partial_update(self, request, *args, **kwargs):
         server = self.get_object()
         data = McpServerUpdateSerializer(data=request.data)
@@ -176,21 +184,28 @@ class McpServerViewSet(OrgScopedViewSet):
         )
         return Response(selectors.server_body(server))
 
+    @extend_schema(operation_id="mcp_servers_remove", request=None, responses={204: None})
     def destroy(self, request, *args, **kwargs):
         services.mcp_server_remove(actor=self.principal, server=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="mcp_servers_refresh", request=None, responses={202: OpenApiTypes.OBJECT}
+    )
     def refresh(self, request, *args, **kwargs):
         server = services.mcp_server_refresh(actor=self.principal, server=self.get_object())
         return Response(selectors.server_body(server), status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="mcp_tools_list", responses={200: OpenApiTypes.OBJECT})
     def tools(self, request, *args, **kwargs):
         # Bounded by MAX_TOOLS per server: one answer, no pages.
         return Response([selectors.tool_body(t) for t in selectors.tools_of(self.get_object())])
 
-    @extend_schema(request=ToolReviewSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="mcp_tools_review",
+        request=ToolReviewSerializer,
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def tool_review(self, request, *args, **kwargs):
         tool = self._tool(self.get_object())
         data = ToolReviewSerializer(data=request.data)
@@ -200,7 +215,11 @@ class McpServerViewSet(OrgScopedViewSet):
         )
         return Response(selectors.tool_body(tool))
 
-    @extend_schema(request=ToolMarkSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="mcp_tools_mark",
+        request=ToolMarkSerializer,
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def tool_mark(self, request, *args, **kwargs):
         tool = self._tool(self.get_object())
         data = ToolMarkSerializer(data=request.data)
@@ -210,7 +229,7 @@ class McpServerViewSet(OrgScopedViewSet):
         )
         return Response(selectors.tool_body(tool))
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="mcp_risk_acceptances_list", responses={200: OpenApiTypes.OBJECT})
     def risk_list(self, request, *args, **kwargs):
         server = self.get_object()
         paginator: CursorPagination = NewestFirst()
@@ -218,7 +237,11 @@ class McpServerViewSet(OrgScopedViewSet):
         body = [selectors.risk_acceptance_body(a) for a in page or []]
         return paginator.get_paginated_response(body)
 
-    @extend_schema(request=RiskAcceptanceCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="mcp_risk_acceptances_create",
+        request=RiskAcceptanceCreateSerializer,
+        responses={201: OpenApiTypes.OBJECT},
+    )
     def risk_create(self, request, *args, **kwargs):
         server = self.get_object()
         data = RiskAcceptanceCreateSerializer(data=request.data)
@@ -228,7 +251,11 @@ class McpServerViewSet(OrgScopedViewSet):
         )
         return Response(selectors.risk_acceptance_body(acceptance), status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="mcp_risk_acceptances_withdraw",
+        request=None,
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def risk_withdraw(self, request, *args, **kwargs):
         acceptance = self._acceptance(self.get_object())
         acceptance = services.mcp_risk_withdraw(actor=self.principal, acceptance=acceptance)
@@ -242,6 +269,6 @@ class OrgToolInventoryViewSet(OrgScopedViewSet):
     scope_map = {"GET": "org:read"}
     queryset = McpServer.objects.none()
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="org_tools_retrieve", responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request, *args, **kwargs):
         return Response(selectors.org_tool_inventory(self.organization))

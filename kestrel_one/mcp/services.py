@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -236,6 +236,14 @@ def _expiry_check(expires_at: datetime, now: datetime) -> datetime:
     return expires_at
 
 
+def _locked_installed(server: McpServer) -> McpServer:
+    """The server's row, locked; a removed server takes no change (it is a record now)."""
+    server = McpServer.objects.select_for_update().get(pk=server.pk)
+    if server.state == McpServer.State.REMOVED:
+        raise Conflict("This MCP server is removed; install it again to use it.")
+    return server
+
+
 def _user(actor):
     return getattr(actor, "user", None)
 
@@ -333,7 +341,15 @@ def mcp_server_install(
         created_by=_user(actor),
     )
     _bind_egress(server, entries, actor, now)
-    server.save()
+    try:
+        with transaction.atomic():
+            server.save()
+    except IntegrityError:
+        # Another install took the name between the check above and this insert.
+        raise Conflict(
+            f"A server named '{name}' is already installed in this environment.",
+            details={"name": ["taken"]},
+        ) from None
     discovery = discovery_start(server=server, requested_by=_user(actor))
     audit_record(
         organization=organization,
@@ -362,7 +378,7 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
     """Change what ``changes`` names (of UPDATABLE). A new image or command is a new
     discovery; any change of the base profile voids the egress grant and risk acceptances
     by binding, unless ``egress`` is authored again in the same change."""
-    server = McpServer.objects.select_for_update().get(pk=server.pk)
+    server = _locked_installed(server)
     unknown = sorted(set(changes) - set(UPDATABLE))
     if unknown or not changes:
         reason = f"send at least one of: {', '.join(UPDATABLE)}"
@@ -428,7 +444,7 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
 @transaction.atomic
 def mcp_server_refresh(*, actor, server: McpServer) -> McpServer:
     """Start the server again to list its tools; not callable until that discovery ends."""
-    server = McpServer.objects.select_for_update().get(pk=server.pk)
+    server = _locked_installed(server)
     server.state = McpServer.State.DISCOVERING
     server.save(update_fields=["state", "updated_at"])
     discovery = discovery_start(server=server, requested_by=_user(actor))
@@ -489,6 +505,7 @@ def mcp_tool_review(*, actor, tool: McpTool, accept: Any) -> McpTool:
     if not isinstance(accept, bool):
         _refuse("accept", "must be true (adopt the pending definition) or false (keep it off)")
     tool = McpTool.objects.select_for_update().select_related("server").get(pk=tool.pk)
+    _locked_installed(tool.server)
     if tool.pending_definition is None:
         raise Conflict(
             f"Tool '{echo(tool.name)}' has no pending definition to review (state {tool.state}).",
@@ -527,6 +544,7 @@ def mcp_tool_mark(*, actor, tool: McpTool, dangerous: Any) -> McpTool:
     if not isinstance(dangerous, bool):
         _refuse("dangerous", "must be true or false")
     tool = McpTool.objects.select_for_update().select_related("server").get(pk=tool.pk)
+    _locked_installed(tool.server)
     previous = tool.marked_dangerous
     tool.marked_dangerous = dangerous
     tool.save(update_fields=["marked_dangerous"])
@@ -554,7 +572,7 @@ def mcp_risk_accept(
 ) -> McpRiskAcceptance:
     """Record an admin's acceptance of unrestricted (bridge) networking for a custom server,
     for its current image and base profile, until ``expires_at``."""
-    server = McpServer.objects.select_for_update().get(pk=server.pk)
+    server = _locked_installed(server)
     if server.kind == McpServer.Kind.MANAGED:
         raise ManagedServerNetwork(
             "Unrestricted networking is impossible for managed servers: Kestrel's own servers "

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.common.errors import Conflict
+from kestrel_one.mcp import services
 from kestrel_one.mcp.models import McpDiscovery, McpServer, McpTool
 from runners.contract.mcp import DEFAULT_LIMITS, MANAGED_SERVERS, tool_definition_digest
 from tests.mcp.api_support import APPEND, DIGEST, ECHO, IMAGE, URL, discovered, install, installed
@@ -339,3 +342,20 @@ def test_the_org_inventory_lists_each_installed_servers_recorded_tools(world):
     ]
     foreign = world["outsider"].client().get("/api/v1/orgs/globex/tools").json()
     assert foreign["mcp_tools"] == []
+
+
+def test_a_removed_server_takes_no_change_through_the_services(world):
+    """The console calls the services directly: they refuse a removed server themselves."""
+    admin = world["admin"]
+    server = installed(admin.client(), world)
+    discovered(server["id"], ECHO)
+    admin.client().delete(f"{URL}/{server['id']}")
+    row = McpServer.objects.get(public_id=server["id"])
+    principal = Principal(PrincipalKind.TOKEN, user=admin.user, token=admin.token)
+    for call in (
+        lambda: services.mcp_server_update(actor=principal, server=row, changes={"egress": []}),
+        lambda: services.mcp_server_refresh(actor=principal, server=row),
+        lambda: services.mcp_tool_mark(actor=principal, tool=row.tools.get(), dangerous=True),
+    ):
+        with pytest.raises(Conflict):
+            call()
