@@ -23,6 +23,7 @@ from kestrel_one.mcp.discovery import (
     discovery_ingest,
     discovery_start,
     mcp_sweep,
+    tool_unusable_reason,
 )
 from kestrel_one.mcp.models import McpDiscovery, McpRiskAcceptance, McpServer, McpTool
 from kestrel_one.mcp.tasks import mcp_discovered
@@ -247,7 +248,7 @@ def test_a_first_discovery_records_every_tool_enabled_except_the_unusable(
     started, runner, runner_key
 ):
     server, discovery, _ = started
-    tools = [ECHO, APPEND, PLAIN, POISONED, BAD_NAME, BAD_SCHEMA, NOT_OBJECT, HUGE]
+    tools = [ECHO, APPEND, PLAIN, POISONED, BAD_NAME, BAD_SCHEMA, NOT_OBJECT]
     assert discovery_ingest(report(discovery, runner, runner_key, tools=tools)) == "recorded"
     server.refresh_from_db()
     assert server.state == McpServer.State.READY and server.error is None
@@ -266,15 +267,13 @@ def test_a_first_discovery_records_every_tool_enabled_except_the_unusable(
         ("no spaces allowed", "name"),
         ("bad_schema", "not a valid JSON Schema"),
         ("not_object", "does not describe an object"),
-        ("huge", "over"),
     ]:
         assert recorded[name].state == McpTool.State.UNUSABLE
         assert why in recorded[name].unusable_reason
-    assert "x" * 100 not in str(recorded["huge"].definition)  # kept by name only
     discovery.refresh_from_db()
     assert discovery.state == McpDiscovery.State.DONE and discovery.runner == runner
     assert discovery.summary["added"] == ["append_note", "echo", "plain", "poisoned"]
-    assert len(discovery.summary["unusable"]) == 4
+    assert len(discovery.summary["unusable"]) == 3
     audit = AuditRecord.objects.get(action="mcp.discovered")
     assert audit.target_id == server.public_id and audit.data["image"] == IMAGE
 
@@ -422,3 +421,16 @@ def test_the_sweep_records_a_risk_acceptances_expiry_once(world):
     assert records[0].data["server"] == server.public_id
     withdrawn.refresh_from_db()
     assert withdrawn.expiry_recorded_at is None
+
+
+def test_definitions_over_the_bounds_are_unusable():
+    """The report's own bounds refuse most of these before they arrive (a runner signs
+    nothing larger); the control plane checks them again, as it records them."""
+    assert "description is over" in tool_unusable_reason(HUGE)
+    big_schema = {"type": "object", "description": "x" * (64 * 1024)}
+    assert "inputSchema is over" in tool_unusable_reason({"name": "big", "inputSchema": big_schema})
+    assert "not a JSON object" in tool_unusable_reason({"name": "n", "inputSchema": []})
+    assert "annotations" in tool_unusable_reason(
+        {"name": "n", "inputSchema": {"type": "object"}, "annotations": "x"}
+    )
+    assert tool_unusable_reason(ECHO) is None
