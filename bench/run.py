@@ -14,7 +14,9 @@ vs a dict lookup; the threads, events and audit list endpoints at 1,000 and 100,
 audit appends per second with 4 writers vs one, and verify time per 10,000 records vs
 reading them; the console's overview, inbox, thread timeline and audit pages at 1,000 and
 100,000 rows (bench/console_pages.py: p95, the 100k/1k ratio and the SQL queries per page);
-a model-gateway call vs the same provider request made directly (bench/gateway.py).
+a model-gateway call vs the same provider request made directly (bench/gateway.py); a
+warm ``mcp.call`` through the API vs the same MCP call over stdio, and the first call of a
+thread vs ``docker run`` of the server's image (bench/mcp_calls.py).
 See docs/performance.md for the method and the latest figures.
 """
 
@@ -355,17 +357,34 @@ def gateway_figure(quick: bool) -> Figure:
     )
 
 
+def mcp_figures(quick: bool) -> list[Figure]:
+    """bench/mcp_calls.py in a process of its own (it runs its own serve)."""
+    with tempfile.TemporaryDirectory(prefix="kestrel-bench-mcp-") as folder:
+        output = Path(folder) / "mcp.json"
+        argv = [sys.executable, str(ROOT / "bench" / "mcp_calls.py"), "--json", str(output)]
+        sizes = ["--samples", "10", "--threads", "2"] if quick else []
+        completed = subprocess.run([*argv, *sizes], check=False)
+        if not output.exists():
+            raise RuntimeError(f"bench/mcp_calls.py failed (exit {completed.returncode})")
+        found = json.loads(output.read_text())
+    # The ratio is the figure's own (computed from the medians), not an argument.
+    return [
+        Figure(**{key: value for key, value in figure.items() if key != "ratio"})
+        for figure in found["figures"]
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter runs")
     parser.add_argument(
         "--only",
-        choices=["governed", "policy", "records", "console", "gateway"],
+        choices=["governed", "policy", "records", "console", "gateway", "mcp"],
         action="append",
         help="run only these parts (repeatable)",
     )
     options = parser.parse_args(argv)
-    parts = options.only or ["governed", "policy", "records", "console", "gateway"]
+    parts = options.only or ["governed", "policy", "records", "console", "gateway", "mcp"]
     started = time.perf_counter()
     figures: list[Figure] = []
     details: dict[str, Any] = {}
@@ -389,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     if "gateway" in parts:
         figures.append(gateway_figure(options.quick))
+    if "mcp" in parts:
+        figures += mcp_figures(options.quick)
     info = machine()
     print()
     print(

@@ -153,10 +153,12 @@ MANAGED_SERVERS: dict[str, dict[str, Any]] = {
         "command": ["mcp-server-filesystem", "/workspace"],
         "workspace": "rw",
     },
-    # mcp-server-git (PyPI), on the project's workspace as the repository.
+    # mcp-server-git (PyPI) on the project's workspace: its tools name the repository
+    # (``repo_path``, /workspace or a folder in it). Not ``--repository /workspace``: the
+    # server then refuses to start on a workspace that is not a repository yet.
     "git": {
         "image": "kestrel/mcp-git:latest",
-        "command": ["mcp-server-git", "--repository", "/workspace"],
+        "command": ["mcp-server-git"],
         "workspace": "rw",
     },
     # mcp-server-time (PyPI): no workspace at all.

@@ -127,7 +127,6 @@ def discover(
         server_info, tools = _list(
             client,
             profile,
-            request.managed,
             runner_id,
             request.discovery,
             start_timeout,
@@ -149,13 +148,12 @@ def discover(
 def _list(
     client: Any,
     profile: dict[str, Any],
-    managed: str | None,
     runner_id: str,
     discovery: str,
     start_timeout: float,
     list_timeout: float,
 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    workspace = _empty_workspace(managed) if profile["workspace"] != "none" else None
+    workspace = _empty_workspace() if profile["workspace"] != "none" else None
 
     async def listing() -> tuple[dict[str, str], list[dict[str, Any]]]:
         async with server_session(
@@ -205,19 +203,9 @@ def _bounded_definitions(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return definitions
 
 
-def _empty_workspace(managed: str | None) -> Path:
-    """An empty workspace for the listing; for the managed git server, which refuses to
-    start on a directory that is not a repository, an empty repository (what ``git init``
-    makes, written here: the runner host need not have git)."""
+def _empty_workspace() -> Path:
+    """An empty workspace for the listing, owned by the sandbox's user."""
     path = Path(tempfile.mkdtemp(prefix="kestrel-mcp-discovery-"))
-    if managed == "git":
-        git = path / ".git"
-        for folder in ("objects/info", "objects/pack", "refs/heads", "refs/tags"):
-            (git / folder).mkdir(parents=True)
-        (git / "HEAD").write_text("ref: refs/heads/main\n")
-        (git / "config").write_text(
-            "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n"
-        )
     if os.geteuid() == 0:
         owner = workspace_owner()
         for folder, dirs, files in os.walk(path):

@@ -429,3 +429,31 @@ def test_a_risk_acceptance_gives_a_bridge_without_the_host_and_its_expiry_ends_i
     }
     after = stack.mcp(thread, "custom", "net_probe", {"host": gateway, "port": host_listener})
     assert after["result"]["structured_content"]["interfaces"] == ["lo"]
+
+
+@pytest.mark.spec("MCP-1")
+def test_the_managed_git_and_time_servers_install_and_answer(stack):
+    git = stack.install({"name": "git", "environment": stack.environment, "managed": "git"})
+    time_server = stack.install(
+        {"name": "clock", "environment": stack.environment, "managed": "time"}
+    )
+    assert git["kind"] == time_server["kind"] == "managed"
+    assert "git_status" in stack.tools("git")
+    assert "get_current_time" in stack.tools("clock")
+    document = policy(dangerous=[])
+    document["capabilities"]["mcp.call"]["servers"].update(
+        {
+            "git": {"tools": ["git_status"], "dangerous": ["git_status"]},
+            "clock": {"tools": ["get_current_time"], "dangerous": ["get_current_time"]},
+        }
+    )
+    stack.set_policy(document)
+    thread = stack.thread("managed")
+    now = stack.mcp(thread, "clock", "get_current_time", {"timezone": "UTC"})
+    assert now["state"] == "succeeded", now
+    assert "UTC" in text_of(now["result"])
+    # The workspace is no repository yet: the server starts and says so as a tool error.
+    status = stack.mcp(thread, "git", "git_status", {"repo_path": "/workspace"})
+    assert status["state"] == "succeeded", status
+    assert status["result"]["is_error"] is True
+    stack.set_policy(policy(dangerous=[]))

@@ -13,7 +13,7 @@ stdio of a ``docker run -i`` container with the same hardening, already initiali
 each ``tools/call``; and ``docker run --rm -i`` of the image with its stdin closed (the
 container starts, the server reads end-of-input and exits).
 
-    .venv/bin/python bench/mcp.py [--samples 30] [--threads 5] [--json out.json]
+    .venv/bin/python bench/mcp_calls.py [--samples 30] [--threads 5] [--json out.json]
 """
 
 from __future__ import annotations
