@@ -10,8 +10,10 @@ it through HTTP with ``?wait=``, exactly as an agent would: the first call of ea
 starts the server, the later ones find it warm. The baselines, measured in the same run on
 the same image: an MCP client session (the MCP Python SDK, as the runner uses it) over the
 stdio of a ``docker run -i`` container with the same hardening, already initialized, timing
-each ``tools/call``; and ``docker run --rm -i`` of the image with its stdin closed (the
-container starts, the server reads end-of-input and exits).
+each ``tools/call``; a warm governed ``shell.exec echo hi`` through the same API (what the
+governed path costs by itself, so the difference is what MCP adds); and ``docker run --rm
+-i`` of the image with its stdin closed (the container starts, the server reads end-of-input
+and exits).
 
     .venv/bin/python bench/mcp_calls.py [--samples 30] [--threads 5] [--json out.json]
 """
@@ -53,7 +55,9 @@ POLICY = {
         "mcp.call": {
             "approval": "never",
             "servers": {SERVER: {"tools": [TOOL], "dangerous": [TOOL]}},
-        }
+        },
+        # The second baseline: the governed path's own cost, with a warm shell call.
+        "shell.exec": {"approval": "never", "limits": {"timeout_s": 30}},
     }
 }
 # The warm target: at most this ratio of the direct call, plus this many milliseconds.
@@ -148,7 +152,7 @@ def docker_run(image: str) -> float:
 def run(samples: int, threads: int) -> dict[str, Any]:
     image = image_id(MANAGED_SERVERS[SERVER]["image"])
     name = f"kestrel_bench_mcp_{uuid.uuid4().hex[:8]}"
-    first, warm, baseline_run = [], [], []
+    first, warm, shell, baseline_run = [], [], [], []
     with governed.scratch_database(ADMIN_DATABASE_URL, name) as database_url:
         with governed.serve(database_url) as server:
             workspace = governed.prepare(server, policy=POLICY)
@@ -173,6 +177,14 @@ def run(samples: int, threads: int) -> dict[str, Any]:
                 governed_call(server, workspace.threads_path, thread, installed["id"])
                 for _ in range(samples)
             ]
+            shell_thread = workspace.new_thread("shell bench warm")
+            workspace.shell_call(shell_thread)
+            shell = []
+            for _ in range(samples):
+                took, body = workspace.shell_call(shell_thread)
+                if not governed.succeeded(body):
+                    raise RuntimeError(f"the warm shell call failed: {json.dumps(body)[:800]}")
+                shell.append(took)
     direct = asyncio.run(direct_calls(image, samples))
     warm_figure = timing_figure(
         "warm mcp.call through the API (?wait=)",
@@ -191,11 +203,19 @@ def run(samples: int, threads: int) -> dict[str, Any]:
         baseline_run,
         target="(informational)",
     )
+    pipeline_figure = timing_figure(
+        "warm mcp.call through the API (?wait=)",
+        warm,
+        "a warm shell.exec echo through the API",
+        shell,
+        target="(informational: what MCP adds to a governed call)",
+    )
     return {
-        "figures": [warm_figure.as_dict(), first_figure.as_dict()],
+        "figures": [warm_figure.as_dict(), pipeline_figure.as_dict(), first_figure.as_dict()],
         "warm_median_ms": statistics.median(warm) * 1000,
         "direct_median_ms": statistics.median(direct) * 1000,
-        "_table": format_table([warm_figure, first_figure]),
+        "shell_median_ms": statistics.median(shell) * 1000,
+        "_table": format_table([warm_figure, pipeline_figure, first_figure]),
     }
 
 

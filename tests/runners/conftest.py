@@ -21,6 +21,7 @@ import redis
 from runners.sandbox import BubblewrapBackend, DockerBackend, SandboxUnavailable
 from runners.sandbox.docker import LABEL_PREFIX, MANAGED_LABEL
 from runners.workspace import workspace_for
+from tests.runners.mcp_fixture import build_server_image
 from tests.runners.support import RUNNER_REDIS_URL
 from tests.support import unmount_workspace_quotas
 
@@ -97,3 +98,13 @@ def engine(docker_backend: DockerBackend, project: str) -> Iterator[docker.Docke
     for container in leftovers:
         container.remove(force=True)
     assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"
+
+
+@pytest.fixture(scope="module")
+def server_image() -> str:
+    """The runner tests' MCP server image (tests/runners/mcp_fixture), built when missing."""
+    client = docker.from_env()
+    try:
+        return build_server_image(client)
+    finally:
+        client.close()

@@ -27,7 +27,6 @@ from runners.contract.names import command_audience
 from runners.contract.tokens import _sign, generate_private_key_pem, public_key_pem
 from runners.mcp.session import list_tools, server_session
 from runners.runner import Disposition, Runner
-from tests.runners.mcp_fixture import build_server_image
 from tests.runners.support import RUNNER_REDIS_URL, runner_config
 
 SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -215,15 +214,6 @@ def test_a_report_signed_by_another_key_or_under_another_kid_is_refused() -> Non
 
 
 # --- on the engine ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server_image() -> str:
-    client = docker.from_env()
-    try:
-        return build_server_image(client)
-    finally:
-        client.close()
 
 
 @pytest.fixture

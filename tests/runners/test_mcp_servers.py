@@ -48,22 +48,12 @@ from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.tools.mcp import McpUnavailable
 from runners.workspace import workspace_for
-from tests.runners.mcp_fixture import build_server_image
 from tests.runners.support import runner_config
 from tests.runners.test_protocol import CONTROL_KEY, CONTROL_PUBLIC, POOL, command_claims
 
 pytestmark = [pytest.mark.docker]
 
 SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
-
-
-@pytest.fixture(scope="module")
-def server_image() -> str:
-    client = docker.from_env()
-    try:
-        return build_server_image(client)
-    finally:
-        client.close()
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from runners.contract.mcp_discovery import (
 from runners.contract.names import MCP_DISCOVER_TASK, MCP_DISCOVERED_TASK
 from runners.mcp.session import MCP_LABEL
 from runners.sandbox.docker import LABEL_PREFIX
-from tests.runners.mcp_fixture import build_server_image
 from tests.runners.test_mcp_servers import SERVER, listed, make_profile, pin
 from tests.runners.test_worker_process import (  # noqa: F401 - fixtures
     MAX_CALL_SECONDS,
@@ -33,15 +32,6 @@ from tests.runners.test_worker_process import (  # noqa: F401 - fixtures
 )
 
 pytestmark = [pytest.mark.docker]
-
-
-@pytest.fixture(scope="module")
-def server_image() -> str:
-    client = docker.from_env()
-    try:
-        return build_server_image(client)
-    finally:
-        client.close()
 
 
 @pytest.fixture
