@@ -29,13 +29,13 @@ from kestrel_one.common.errors import KestrelError
 from kestrel_one.console.base import ConsoleView
 from kestrel_one.governance.drafts import policy_diff
 from kestrel_one.mcp import services
-from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
+from kestrel_one.mcp.models import McpServer, McpTool
 from kestrel_one.mcp.profiles import (
     EGRESS_AWAITING_GATEWAY,
     EGRESS_VOID,
-    base_profile_sha256,
-    egress_status,
+    network_of,
     risk_acceptance_in_force,
+    risk_acceptances_in_force,
     server_profile,
 )
 from kestrel_one.mcp.selectors import (
@@ -169,40 +169,15 @@ def _service_errors(error: KestrelError) -> list[str]:
     return lines
 
 
-def _network(server: McpServer, risk: McpRiskAcceptance | None) -> dict[str, Any]:
-    """What the server's container gets now, as the API's ``network`` says it."""
-    return {
-        "mode": "bridge" if risk is not None else "none",
-        "egress": egress_status(server),
-        "risk_acceptance": risk.public_id if risk is not None else None,
-    }
-
-
 def servers_listed(organization) -> list[dict[str, Any]]:
     """The installed servers with their networking, in a fixed number of queries: the risk
-    acceptances in force are read once for all of them, and matched to each server's image
-    and base profile the way ``profiles.risk_acceptance_in_force`` matches them."""
+    acceptances in force are read once for all of them."""
     servers = list(mcp_servers_of(organization).order_by("environment__name", "name")[:500])
-    in_force: dict[int, list[McpRiskAcceptance]] = {}
-    for risk in (
-        McpRiskAcceptance.objects.in_force()
-        .filter(server__in=[s for s in servers if s.kind == McpServer.Kind.CUSTOM and s.image_id])
-        .order_by("-created_at")
-    ):
-        in_force.setdefault(risk.server_id, []).append(risk)
-    rows = []
-    for server in servers:
-        base = base_profile_sha256(server)
-        risk = next(
-            (
-                r
-                for r in in_force.get(server.pk, [])
-                if r.image_id == server.image_id and r.profile_sha256 == base
-            ),
-            None,
-        )
-        rows.append({"server": server, "network": _network(server, risk)})
-    return rows
+    in_force = risk_acceptances_in_force(servers)
+    return [
+        {"server": server, "network": network_of(server, in_force.get(server.pk))}
+        for server in servers
+    ]
 
 
 def danger_reasons(tool: McpTool) -> list[str]:
@@ -337,7 +312,7 @@ class _OneServer(ConsoleView):
         context = {
             "server": server,
             "profile": _pretty(profile),
-            "network": _network(server, risk_acceptance_in_force(server, now=now)),
+            "network": network_of(server, risk_acceptance_in_force(server, now=now)),
             "tools": tools,
             "pending": [view for view in tools if view["pending"] is not None],
             "risks": risks,

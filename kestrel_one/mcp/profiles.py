@@ -21,7 +21,10 @@ __all__ = [
     "EGRESS_VOID",
     "base_profile_sha256",
     "egress_status",
+    "network_of",
+    "risk_acceptance_covers",
     "risk_acceptance_in_force",
+    "risk_acceptances_in_force",
     "server_profile",
 ]
 
@@ -49,21 +52,53 @@ def base_profile_sha256(server: McpServer) -> str:
     return profile_digest(base_profile(_profile(server, None)))
 
 
-def risk_acceptance_in_force(server: McpServer, *, now=None) -> McpRiskAcceptance | None:
-    """The newest risk acceptance that lets ``server`` have bridge networking now: custom
-    servers only, not withdrawn or expired, made for its current image and base profile."""
-    if server.kind != McpServer.Kind.CUSTOM or not server.image_id:
-        return None
+def risk_acceptance_covers(acceptance: McpRiskAcceptance, server: McpServer) -> bool:
+    """Whether ``acceptance`` was made for what ``server`` runs now: a custom server, its
+    current image and base profile (a new image or profile is a new decision)."""
     return (
-        McpRiskAcceptance.objects.in_force(now or timezone.now())
-        .filter(
-            server=server,
-            image_id=server.image_id,
-            profile_sha256=base_profile_sha256(server),
-        )
-        .order_by("-created_at")
-        .first()
+        server.kind == McpServer.Kind.CUSTOM
+        and bool(server.image_id)
+        and acceptance.image_id == server.image_id
+        and acceptance.profile_sha256 == base_profile_sha256(server)
     )
+
+
+def risk_acceptances_in_force(servers, *, now=None) -> dict[int, McpRiskAcceptance]:
+    """For each of ``servers`` (by primary key) that may have bridge networking now, the
+    newest risk acceptance that allows it: not withdrawn or expired, covering the server
+    (``risk_acceptance_covers``). One query for all of them."""
+    candidates = {
+        server.pk: server
+        for server in servers
+        if server.kind == McpServer.Kind.CUSTOM and server.image_id
+    }
+    found: dict[int, McpRiskAcceptance] = {}
+    if not candidates:
+        return found
+    for acceptance in (
+        McpRiskAcceptance.objects.in_force(now or timezone.now())
+        .filter(server__in=list(candidates))
+        .order_by("-created_at")
+    ):
+        server = candidates[acceptance.server_id]
+        if acceptance.server_id not in found and risk_acceptance_covers(acceptance, server):
+            found[acceptance.server_id] = acceptance
+    return found
+
+
+def risk_acceptance_in_force(server: McpServer, *, now=None) -> McpRiskAcceptance | None:
+    """The newest risk acceptance that lets ``server`` have bridge networking now."""
+    return risk_acceptances_in_force([server], now=now).get(server.pk)
+
+
+def network_of(server: McpServer, risk: McpRiskAcceptance | None) -> dict:
+    """What a container of ``server`` gets now, as the API's ``network`` says it: bridge only
+    under ``risk`` (its acceptance in force), and the egress allowlist's state."""
+    return {
+        "mode": "bridge" if risk is not None else "none",
+        "egress": egress_status(server),
+        "risk_acceptance": risk.public_id if risk is not None else None,
+    }
 
 
 def server_profile(server: McpServer, *, now=None) -> dict:

@@ -12,7 +12,11 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
-from kestrel_one.mcp.profiles import base_profile_sha256, egress_status, risk_acceptance_in_force
+from kestrel_one.mcp.profiles import (
+    network_of,
+    risk_acceptance_covers,
+    risk_acceptance_in_force,
+)
 from runners.contract.mcp import DEFINITION_FIELDS
 from runners.contract.registry import TOOLS
 
@@ -81,11 +85,7 @@ def server_body(server: McpServer, *, now=None) -> dict:
         "state": server.state,
         "error": server.error,
         "egress": list(server.egress),
-        "network": {
-            "mode": "bridge" if risk is not None else "none",
-            "egress": egress_status(server),
-            "risk_acceptance": risk.public_id if risk is not None else None,
-        },
+        "network": network_of(server, risk),
         "tools": _tool_counts(server),
         "created_at": server.created_at,
         "discovered_at": server.discovered_at,
@@ -147,11 +147,7 @@ def risk_acceptance_state(acceptance: McpRiskAcceptance, *, now=None) -> str:
         return RISK_WITHDRAWN
     if acceptance.expires_at <= now:
         return RISK_EXPIRED
-    if (
-        server.state == McpServer.State.REMOVED
-        or acceptance.image_id != server.image_id
-        or acceptance.profile_sha256 != base_profile_sha256(server)
-    ):
+    if server.state == McpServer.State.REMOVED or not risk_acceptance_covers(acceptance, server):
         return RISK_VOID
     return RISK_ACTIVE
 
