@@ -13,7 +13,6 @@ from policies import DENY, NEEDS_APPROVAL, Decision, Mode, Policy, Request, deci
 from runners.contract.arguments import output_read_requests
 from runners.contract.errors import InvalidArguments, UnknownTool
 from runners.contract.registry import TOOLS, get_tool, validate_args
-from runners.contract.toolspec import Tier
 
 
 @dataclass(frozen=True)
@@ -26,38 +25,33 @@ class ToolChecks:
     user=, token=, canonical=)``: checks that read the database (a credential reference
     usable by this requester, an MCP server installed in the project's Environment),
     returning the canonical arguments to record (a default reference made explicit, the
-    server's pinned profile added, so the digest binds it). ``judge_admitted``: the policy
-    request depends on what ``admit`` adds (mcp.call's ``pinned``: the server's name and the
-    recorded tool's danger), so every judging of a caller's arguments (explain, plan steps)
-    admits them first. ``dispatch(canonical)``: checked again each time a queued call is
-    signed (an approval, a resend): ``(code, message)`` ends the call failed unsigned, None
-    lets it go. Registered by the app that owns the tool (its ``AppConfig.ready``): this
-    layer cannot import it.
+    server's pinned profile added, so the digest binds it). For a tool whose spec says
+    ``admitted`` the policy request depends on what ``admit`` adds (mcp.call's ``pinned``:
+    the server's name and the recorded tool's danger), so every judging of a caller's
+    arguments (explain, plan steps) admits them first. ``dispatch(canonical)``: checked
+    again each time a queued call is signed (an approval, a resend): ``(code, message)``
+    ends the call failed unsigned, None lets it go. Registered by the app that owns the tool
+    (its ``AppConfig.ready``): this layer cannot import it.
     """
 
     request: Callable[[dict, Request], Request] | None = None
     admit: Callable[..., dict] | None = None
-    judge_admitted: bool = False
     dispatch: Callable[[dict], tuple[str, str] | None] | None = None
 
 
 TOOL_CHECKS: dict[str, ToolChecks] = {}
 
-# Runner-tier tools that are never callable without their checks (fail closed): mcp.call's
-# ``pinned`` is what its admit adds, so without the mcp app a caller's own would be judged.
-CHECKED_RUNNER_TOOLS = frozenset({"mcp.call"})
-
 
 def tool_checks_register(tool_name: str, checks: ToolChecks) -> None:
     tool = get_tool(tool_name)
-    if tool.tier != Tier.CONTROL and tool.name not in CHECKED_RUNNER_TOOLS:
+    if not tool.needs_checks():
         raise TypeError(f"{tool_name} takes no checks of the control plane")
     TOOL_CHECKS[tool.name] = checks
 
 
 def _checks(tool) -> ToolChecks | None:
     checks = TOOL_CHECKS.get(tool.name)
-    if checks is None and (tool.tier == Tier.CONTROL or tool.name in CHECKED_RUNNER_TOOLS):
+    if checks is None and tool.needs_checks():
         # Fail closed: a tool whose checks are not installed is not callable.
         raise Unavailable(f"{tool.name} is not available here: its control tier is not installed.")
     return checks
@@ -115,14 +109,14 @@ def tool_call_admitted(tool_name: str, args, *, project, user, token, judging_on
     admitted arguments, so what is judged is what would be recorded and signed.
 
     ``judging_only`` (explain, plan steps): admit only tools whose request depends on it
-    (``ToolChecks.judge_admitted``); the others' request is the same either way.
+    (``ToolSpec.admitted``); the others' request is the same either way.
     """
     # The pure checks first (an unknown adapter is named before any credential is looked up).
     tool, canonical, request = tool_call_request(tool_name, args)
     checks = _checks(tool)
-    if checks is None or checks.admit is None or (judging_only and not checks.judge_admitted):
+    if checks is None or checks.admit is None or (judging_only and not tool.admitted):
         return tool, canonical, request
-    if checks.judge_admitted and project is None:
+    if tool.admitted and project is None:
         raise ValidationFailed(
             f"{tool.name} is judged for a project: name one.",
             details={"project": ["required for this tool"]},

@@ -15,6 +15,6 @@ class McpConfig(AppConfig):
 
         tool_checks_register(
             "mcp.call",
-            ToolChecks(admit=mcp_call_admit, judge_admitted=True, dispatch=mcp_call_dispatch),
+            ToolChecks(admit=mcp_call_admit, dispatch=mcp_call_dispatch),
         )
         call_finished_hook_register("mcp.call", mcp_call_finished)

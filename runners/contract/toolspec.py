@@ -130,6 +130,10 @@ class ToolSpec:
     ``captures`` says what the control plane keeps from a succeeded result.
     ``tier`` says where it runs (``Tier``); a control-tier tool's ``implementation`` only
     refuses, its work is the control tier's task.
+    ``admitted`` says the control plane must check (and may complete) a call's arguments
+    against what only it knows before judging it (mcp.call's installed server and recorded
+    tool); like a control-tier tool, such a tool is not callable where those checks are not
+    installed.
     """
 
     name: str
@@ -142,6 +146,11 @@ class ToolSpec:
     runs_process: bool = False
     captures: Captures = Captures.NOTHING
     tier: Tier = Tier.RUNNER
+    admitted: bool = False
+
+    def needs_checks(self) -> bool:
+        """Whether a call needs the control plane's checks for this tool (fail closed)."""
+        return self.tier == Tier.CONTROL or self.admitted
 
     def capability_request(self, args: Mapping[str, Any]) -> Request:
         """The policy request for already validated ``args``."""

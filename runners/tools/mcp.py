@@ -88,6 +88,8 @@ MCP_CALL = ToolSpec(
     build_request=mcp_request,
     implementation=mcp_call,
     runs_process=True,
+    # Its ``pinned`` is what the control plane's admission adds: never judged without it.
+    admitted=True,
 )
 
 TOOLS = (MCP_CALL,)
