@@ -31,6 +31,7 @@ def action_request_once(
     args,
     plan_step: dict | None,
     render: Callable[[Action], dict] | None,
+    surface: str = "api",
 ) -> tuple[int, dict | None, Action | None]:
     """Request the action, or with a key seen before, replay the first response: the status,
     the body and the action (None if the replayed request made none). A key reused with a
@@ -62,7 +63,9 @@ def action_request_once(
                     details={"Idempotency-Key": ["reused with another body"]},
                 ) from None
             return first.response_status, first.response_body, first.action
-    action = action_request(actor=actor, thread=thread, tool=tool, args=args, plan_step=plan_step)
+    action = action_request(
+        actor=actor, thread=thread, tool=tool, args=args, plan_step=plan_step, surface=surface
+    )
     if record is None and render is None:
         return HTTPStatus.CREATED, None, action
     body = render(action)

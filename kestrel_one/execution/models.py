@@ -120,6 +120,9 @@ class Action(models.Model):
     # version: approvals, commands and receipts refer to exactly this.
     action_digest = models.CharField(max_length=64)
     mode = models.CharField(max_length=8)
+    # The surface the call came through (api, console, mcp): its surface policy is one term
+    # of the effective policy, so a re-decision judges the action on the same surface.
+    surface = models.CharField(max_length=16, default="api")
     state = models.CharField(max_length=20, choices=ActionState.choices)
     decision = models.JSONField(default=dict)
     policy_version = models.CharField(max_length=255)

@@ -155,7 +155,9 @@ def _plan_step(*, thread, plan_id: str, step: int, tool: str, args_digest: str):
 
 
 @transaction.atomic(savepoint=False)  # inside the request's transaction: no savepoint needed
-def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = None) -> Action:
+def action_request(
+    *, actor, thread, tool: str, args, plan_step: dict | None = None, surface: str = "api"
+) -> Action:
     """Validate, decide and record one call; an allowed call is dispatched after commit.
 
     The thread's mode applies (Auto resolves to Ask). An action naming a step of a plan a
@@ -193,6 +195,7 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
         mode=mode,
         policy_request=policy_request,
         canonical=canonical,
+        surface=surface,
     )
     decision = judged.decision
     if decision.outcome == ALLOW:
@@ -229,6 +232,7 @@ def action_request(*, actor, thread, tool: str, args, plan_step: dict | None = N
             policy_version=decision.policy_version,
         ),
         mode=mode.value,
+        surface=surface,
         state=STATE_FOR_OUTCOME[decision.outcome],
         # Reasons may quote an argument (a path, a command).
         decision=redact(decision.to_dict()),
@@ -379,7 +383,8 @@ def action_redecision(action: Action) -> Decision | None:
     asks only what the policy now says.
     """
     mode = Mode(action.mode)
-    if policy_version_label(project=action.project, mode=mode) == action.policy_version:
+    label = policy_version_label(project=action.project, mode=mode, surface=action.surface)
+    if label == action.policy_version:
         return None
     _, canonical, policy_request = tool_call_request(action.tool, action_arguments(action))
     return call_judge(
@@ -388,6 +393,7 @@ def action_redecision(action: Action) -> Decision | None:
         mode=mode,
         policy_request=policy_request,
         canonical=canonical,
+        surface=action.surface,
     ).decision
 
 

@@ -192,11 +192,13 @@ class Judgement:
     decision: Decision
 
 
-def call_judge(*, project, principal, mode: Mode, policy_request: Request, canonical) -> Judgement:
-    """Judge one call in a project for a principal and mode: the one sequence that both an
-    action request (``execution.services.action_request``) and ``explain`` run, so explain
-    answers exactly what a request would meet."""
-    effective = effective_policy(project=project, principal=principal, mode=mode)
+def call_judge(
+    *, project, principal, mode: Mode, policy_request: Request, canonical, surface: str = "api"
+) -> Judgement:
+    """Judge one call in a project for a principal, mode and surface: the one sequence that
+    both an action request (``execution.services.action_request``) and ``explain`` run, so
+    explain answers exactly what a request would meet."""
+    effective = effective_policy(project=project, principal=principal, mode=mode, surface=surface)
     decision = decide_call(
         effective.policy, policy_request, canonical, version=effective.version, mode=mode
     )
