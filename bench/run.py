@@ -16,7 +16,9 @@ reading them; the console's overview, inbox, thread timeline and audit pages at 
 100,000 rows (bench/console_pages.py: p95, the 100k/1k ratio and the SQL queries per page);
 a model-gateway call vs the same provider request made directly (bench/gateway.py); a
 warm ``mcp.call`` through the API vs the same MCP call over stdio, and the first call of a
-thread vs ``docker run`` of the server's image (bench/mcp_calls.py).
+thread vs ``docker run`` of the server's image (bench/mcp_calls.py); a warm ``shell.exec``
+through the MCP endpoint (an initialized SDK session) vs the same call through REST
+(bench/mcp_endpoint.py, ``--only mcp-endpoint``).
 See docs/performance.md for the method and the latest figures.
 """
 
@@ -374,17 +376,41 @@ def mcp_figures(quick: bool) -> list[Figure]:
     ]
 
 
+def mcp_endpoint_figures(quick: bool) -> list[Figure]:
+    """bench/mcp_endpoint.py in a process of its own (it runs its own serve)."""
+    with tempfile.TemporaryDirectory(prefix="kestrel-bench-mcp-endpoint-") as folder:
+        output = Path(folder) / "mcp-endpoint.json"
+        argv = [sys.executable, str(ROOT / "bench" / "mcp_endpoint.py"), "--json", str(output)]
+        sizes = ["--samples", "10", "--warmup", "3"] if quick else []
+        completed = subprocess.run([*argv, *sizes], check=False)
+        if not output.exists():
+            raise RuntimeError(f"bench/mcp_endpoint.py failed (exit {completed.returncode})")
+        found = json.loads(output.read_text())
+    return [
+        Figure(**{key: value for key, value in figure.items() if key != "ratio"})
+        for figure in found["figures"]
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter runs")
     parser.add_argument(
         "--only",
-        choices=["governed", "policy", "records", "console", "gateway", "mcp"],
+        choices=["governed", "policy", "records", "console", "gateway", "mcp", "mcp-endpoint"],
         action="append",
         help="run only these parts (repeatable)",
     )
     options = parser.parse_args(argv)
-    parts = options.only or ["governed", "policy", "records", "console", "gateway", "mcp"]
+    parts = options.only or [
+        "governed",
+        "policy",
+        "records",
+        "console",
+        "gateway",
+        "mcp",
+        "mcp-endpoint",
+    ]
     started = time.perf_counter()
     figures: list[Figure] = []
     details: dict[str, Any] = {}
@@ -410,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         figures.append(gateway_figure(options.quick))
     if "mcp" in parts:
         figures += mcp_figures(options.quick)
+    if "mcp-endpoint" in parts:
+        figures += mcp_endpoint_figures(options.quick)
     info = machine()
     print()
     print(

@@ -8,6 +8,7 @@ so nobody has to remember to add a tenancy test.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -262,6 +263,7 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:mcp-risk-list": MCP_SERVER,
     "api:mcp-risk-withdraw": {**MCP_SERVER, "rsk": lambda w: mcp_objects(w)[2].public_id},
     "api:org-tools": {},
+    "api:mcp-endpoint": PRJ,
 }
 
 READ_ONLY_POLICY = {"capabilities": {"fs.read": {"paths": ["**"]}}}
@@ -335,20 +337,39 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
         "expires_at": _in_days(7),
     },
     ("api:mcp-risk-withdraw", "post"): lambda w: {},
+    # One JSON-RPC message, as a Streamable HTTP client posts it (docs/mcp-endpoint.md); with
+    # no Mcp-Session-Id it is the stateless wire's request, answered without a handshake.
+    ("api:mcp-endpoint", "post"): lambda w: {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
 }
 
 # Routes whose allowed callers meet a refusal of the route's own after the tenancy and scope
 # checks, because the walker's world lacks what success needs: the world's policy grants no
 # model, so a model call is the gateway's 403 ``model_denied`` (tests/gateway covers calls
 # that succeed). The walker checks that answer instead of a 2xx.
-OWN_REFUSALS = {("api:model-chat-completions", "post"): (403, "model_denied")}
+OWN_REFUSALS = {
+    ("api:model-chat-completions", "post"): (403, "model_denied"),
+    # The MCP endpoint offers no server-to-client stream: GET is its 405 for every caller who
+    # passes the tenancy and scope checks (outsiders still get the 404 of a missing project).
+    ("api:mcp-endpoint", "get"): (405, "method_not_allowed"),
+    # DELETE ends the session its Mcp-Session-Id names; the walker names none, so it is the
+    # 404 of an unknown session (tests/mcp_endpoint ends real ones).
+    ("api:mcp-endpoint", "delete"): (404, "not_found"),
+}
 
 # Routes whose writes are self-service: any member (viewers included) may act on their own
 # objects. Token creation is one: a viewer needs a read token to use the API at all.
-SELF_SERVICE = {("api:token-list", "post"), ("api:token-detail", "delete")}
+SELF_SERVICE = {
+    ("api:token-list", "post"),
+    ("api:token-detail", "delete"),
+    # Ending one's own MCP session (a session is its opener's alone).
+    ("api:mcp-endpoint", "delete"),
+}
 
 # POSTs that only ask a question and change nothing (the walker checks they change nothing).
-QUERIES = {("api:project-explain", "post")}
+# The MCP endpoint's POST needs only projects:read because connecting and listing tools are
+# reads; a tools/call inside it needs projects:write, refused as a JSON-RPC error otherwise
+# (tests/mcp_endpoint/test_authority.py). The walker's body is a tools/list.
+QUERIES = {("api:project-explain", "post"), ("api:mcp-endpoint", "post")}
 
 # Deleting these would leave nothing to probe afterwards in the same walk, so the walker
 # rolls every write back; it still asserts the allowed caller got a 2xx first.
@@ -408,7 +429,14 @@ def fill(route, world, org_slug: str, overrides: dict | None = None) -> str:
     return url
 
 
+# What every Streamable HTTP client sends to an MCP endpoint (the SDK refuses a POST that
+# does not accept JSON with a 406); the walker sends it to the MCP route like a client would.
+MCP_ROUTE = re.compile(r"/projects/[^/]+/mcp$")
+MCP_HEADERS = {"HTTP_ACCEPT": "application/json, text/event-stream"}
+
+
 def call(client, method: str, url: str, body: dict | None):
+    headers = MCP_HEADERS if MCP_ROUTE.search(url) else {}
     if method == "get":
-        return client.get(url)
-    return getattr(client, method)(url, body or {}, format="json")
+        return client.get(url, **headers)
+    return getattr(client, method)(url, body or {}, format="json", **headers)
