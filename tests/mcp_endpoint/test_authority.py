@@ -13,7 +13,6 @@ import json
 from itertools import count
 
 import pytest
-from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from kestrel_one.accounts.principal import system_principal
@@ -132,9 +131,6 @@ def rest_action(client: APIClient, world, tool: str, args: dict, thread=None):
 def _endpoint_settings(settings):
     # Calls that have no runner here would wait for one: answer at once with the state.
     settings.KESTREL_MCP_CALL_WAIT_SECONDS = 0
-    cache.clear()  # the rate bound's counters
-    yield
-    cache.clear()
 
 
 @pytest.fixture
@@ -272,7 +268,6 @@ def test_the_local_agent_lists_and_calls_but_nothing_it_sends_approves(world, si
     assert content["approval_url"].endswith(f"/console/acme/actions/{act}")
     action = Action.objects.get(public_id=act)
     assert action.surface == "mcp"
-    assert action.requested_by == "local-agent" or action.requested_by
 
     approvals, plans = Approval.objects.count(), Plan.objects.filter(state="accepted").count()
     # Every approve-like name is an unknown tool, whatever it is given.
@@ -357,7 +352,7 @@ def test_an_integration_token_gets_exactly_what_rest_gives_it(world):
         ("fs.read", {"path": "README.md"}),
         ("shell.exec", {"argv": ["make", "test"]}),
         ("fs.write", {"path": "docs/outside.md", "content": "x"}),  # outside fs.write's paths
-        ("code.exec", {"language": "python", "code": "print(1)"}),
+        ("code.python", {"code": "print(1)"}),
     )
     for tool, arguments in cases:
         through_rest = rest_action(rest, world, tool, arguments)
