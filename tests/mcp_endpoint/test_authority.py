@@ -20,7 +20,8 @@ from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.execution.models import Action, Approval, Plan
 from kestrel_one.mcp_endpoint.models import McpSession
 from kestrel_one.tenancy.bootstrap import agent_token_create
-from tests.api.routes import database_fingerprint
+from runners.contract.registry import TOOLS
+from tests.api.routes import BODIES, call, database_fingerprint, fill, org_scoped_routes
 from tests.api.test_cross_tenant import foreign_markers
 
 PROTOCOL = "2025-11-25"
@@ -119,6 +120,21 @@ def integration_token(world, **kwargs) -> str:
         **kwargs,
     )
     return plaintext
+
+
+def rest_tools(client: APIClient, world, project=None) -> set[str]:
+    """The registry tools the REST API's effective policy grants this caller, and the
+    endpoint's own outcome tool: what tools/list must show (no MCP server is installed in
+    the world, and no surface policy is published, so surface mcp grants what api grants)."""
+    project = project or world.project
+    response = client.get(f"/api/v1/orgs/acme/projects/{project.public_id}/effective-policy")
+    assert response.status_code == 200, response.content
+    granted = set(response.json()["document"]["capabilities"])
+    return {
+        spec.name
+        for spec in TOOLS.values()
+        if spec.capability in granted and spec.name != "mcp.call"
+    } | {"kestrel.outcome"}
 
 
 def rest_action(client: APIClient, world, tool: str, args: dict, thread=None):
@@ -229,7 +245,9 @@ def test_tokens_authenticate_exactly_as_for_the_api(world):
 def test_a_viewer_connects_and_lists_but_a_call_is_refused_as_rest_refuses_it(world):
     viewer = world["viewer"].client()
     session = Mcp(viewer, mcp_url(world.project.public_id))
-    assert "fs.read" in session.tools()
+    # The token's scopes are a term of the effective policy: a viewer may call nothing, so
+    # nothing is listed but the outcome tool, which only reads.
+    assert session.tools() == rest_tools(viewer, world) == {"kestrel.outcome"}
     actions = Action.objects.count()
     for name, arguments in (
         ("fs.read", {"path": "README.md"}),
@@ -247,8 +265,9 @@ def test_a_viewer_connects_and_lists_but_a_call_is_refused_as_rest_refuses_it(wo
             continue
         assert error is not None, refused
         assert error["code"] == SCOPE_ERROR, error
-        assert "projects:write" in error["message"], error
-        assert error["message"] == rest.json()["error"]["message"]
+        # The refusal REST gives, in JSON-RPC's terms: the same missing scope, named.
+        assert "needs the 'projects:write' scope" in error["message"], error
+        assert "needs the 'projects:write' scope" in rest.json()["error"]["message"]
     assert Action.objects.count() == actions
 
 
@@ -257,6 +276,7 @@ def test_the_local_agent_lists_and_calls_but_nothing_it_sends_approves(world, si
     local = APIClient(REMOTE_ADDR="127.0.0.1")
     session = Mcp(local, mcp_url(world.project.public_id))
     listed = session.tools()
+    assert listed == rest_tools(local, world)
     assert {"fs.read", "shell.exec", "kestrel.outcome"} <= listed
     assert not listed & set(APPROVE_LIKE)
     assert not [name for name in listed if "approv" in name or "accept" in name]
@@ -347,6 +367,7 @@ def test_an_integration_token_gets_exactly_what_rest_gives_it(world):
     plaintext = integration_token(world)
     rest = token_client(plaintext)
     session = Mcp(token_client(plaintext), mcp_url(world.project.public_id))
+    assert session.tools() == rest_tools(rest, world)
     assert "shell.exec" in session.tools()
     cases = (
         ("fs.read", {"path": "README.md"}),
@@ -447,3 +468,30 @@ def test_the_rate_is_bounded_per_caller(world, settings):
     assert limited.json()["error"]["code"]
     # Per caller: another caller is not limited by the owner's requests.
     assert post(world["member"].client(), url, request("initialize", INITIALIZE)).status_code == 200
+
+
+@pytest.mark.spec("TEN-1")
+def test_the_route_walkers_probe_the_endpoint_with_a_real_request(world):
+    """The walkers in tests/api take the endpoint from the URL resolver; their body for it
+    must be a request the endpoint really answers, or their 2xx would prove nothing."""
+    [route] = [r for r in org_scoped_routes() if r.name == "api:mcp-endpoint"]
+    assert set(route.actions) == {"post", "get", "delete"}
+    url = fill(route, world, "acme")
+    assert url == mcp_url(world.project.public_id)
+    for name in ("owner", "member", "viewer"):
+        response = call(world[name].client(), "post", url, BODIES[route.name, "post"](world))
+        assert response.status_code == 200, (name, response.content)
+        names = {tool["name"] for tool in response.json()["result"]["tools"]}
+        assert names == rest_tools(world[name].client(), world), name
+    # The walker's DELETE names no session; a real one ends, and is then unknown.
+    owner = world["owner"].client()
+    session = Mcp(owner, url)
+    assert call(owner, "delete", url, None).status_code == 404
+    ended = owner.delete(url, HTTP_MCP_SESSION_ID=session.session)
+    assert ended.status_code == 204
+    again = post(owner, url, request("tools/list"), session=session.session)
+    assert again.status_code == 404
+    # Another caller cannot end it: the same 404 as a session that never was.
+    other = Mcp(owner, url)
+    assert world["admin"].client().delete(url, HTTP_MCP_SESSION_ID=other.session).status_code == 404
+    assert not McpSession.objects.get(public_id=other.session).ended_at
