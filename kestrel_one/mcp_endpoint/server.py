@@ -141,6 +141,12 @@ def _call_thread(caller: Caller) -> Thread:
         return thread_create(
             actor=caller.principal, project=caller.project, title="MCP call", mode=caller.mode
         )
+    # Every call after a session's first: its open thread, as the view loaded it with the
+    # session (the lock below is only for two first calls racing to make it).
+    loaded = caller.session.thread
+    if loaded is not None and loaded.status == Thread.Status.OPEN:
+        loaded.project = caller.project
+        return loaded
     with transaction.atomic():
         session = McpSession.objects.select_for_update().get(pk=caller.session.pk)
         if session.thread is None or session.thread.status != Thread.Status.OPEN:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 from itertools import count
+from urllib.parse import urlsplit
 
 import pytest
+from django.urls import resolve
 from rest_framework.test import APIClient
 
 from kestrel_one.accounts.principal import system_principal
@@ -286,6 +288,8 @@ def test_the_local_agent_lists_and_calls_but_nothing_it_sends_approves(world, si
     assert content["state"] == "awaiting_approval", content
     act = content["action"]
     assert content["approval_url"].endswith(f"/console/acme/actions/{act}")
+    # A real console page: the one where a person sees what the approval binds.
+    assert resolve(urlsplit(content["approval_url"]).path).url_name == "console_action"
     action = Action.objects.get(public_id=act)
     assert action.surface == "mcp"
 
@@ -398,6 +402,9 @@ def test_an_integration_token_gets_exactly_what_rest_gives_it(world):
         assert by_mcp.decision["outcome"] == by_rest.decision["outcome"], tool
         assert by_mcp.decision["reasons"] == by_rest.decision["reasons"], tool
         assert by_mcp.limits == by_rest.limits, tool
+    # The session's calls all ran in its one thread (made at the first call).
+    threads = set(Action.objects.filter(surface="mcp").values_list("thread__public_id", flat=True))
+    assert len(threads) == 1, threads
     # And no more: the token cannot approve through REST, and MCP has nothing that approves.
     awaiting = Action.objects.filter(surface="mcp", state="awaiting_approval").first()
     approve = rest.post(
