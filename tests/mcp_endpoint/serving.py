@@ -48,15 +48,39 @@ def npm_tool(name: str) -> Path:
     return path
 
 
+def _node_env() -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("npm_")}
+    env["NO_COLOR"] = "1"
+    return env
+
+
 def npx(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """``npx --no-install``: only what node_modules holds, never a download at run time."""
     assert shutil.which("npx"), "npx is missing (Debian's npm package)"
-    env = {name: value for name, value in os.environ.items() if not name.startswith("npm_")}
-    env["NO_COLOR"] = "1"
     return subprocess.run(
         ["npx", "--no-install", *args],
         cwd=ROOT,
-        env=env,
+        env=_node_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def inspector_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The MCP Inspector's CLI (``@modelcontextprotocol/inspector-cli``) from node_modules.
+
+    Run from its own ``build`` folder: 1.0.3 looks for its package.json (its client name and
+    version) at ``../package.json`` relative to the working directory, and otherwise at a
+    path that exists only inside the ``@modelcontextprotocol/inspector`` package.
+    """
+    program = npm_tool("mcp-inspector-cli")
+    build = ROOT / "node_modules" / "@modelcontextprotocol" / "inspector-cli" / "build"
+    return subprocess.run(
+        [str(program), *args],
+        cwd=build,
+        env=_node_env(),
         capture_output=True,
         text=True,
         timeout=timeout,

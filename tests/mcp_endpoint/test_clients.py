@@ -27,8 +27,8 @@ from tests.mcp_endpoint.serving import (
     Stack,
     console_approve,
     console_sign_in,
+    inspector_cli,
     npm_tool,
-    npx,
     stack_start,
 )
 
@@ -206,8 +206,7 @@ def test_the_python_sdk_client_on_the_stateless_2026_07_28_wire(stack):
 def inspector(stack: Stack, method: str, *args: str, query: str = "") -> dict:
     """One ``mcp-inspector-cli --cli`` run (a fresh client and session each time); the
     token in ``X-Kestrel-Token``, the API's other header."""
-    run = npx(
-        "mcp-inspector-cli",
+    run = inspector_cli(
         "--cli",
         stack.endpoint(query),
         "--transport",
@@ -217,7 +216,6 @@ def inspector(stack: Stack, method: str, *args: str, query: str = "") -> dict:
         "--method",
         method,
         *args,
-        timeout=300,
     )
     assert run.returncode == 0, (run.stdout[-4000:], run.stderr[-4000:])
     return json.loads(run.stdout)

@@ -79,7 +79,9 @@ def test_the_endpoint_passes_every_scenario_of_the_active_suite_but_the_baseline
     passed = re.findall(r"^✓ (\S+): (\d+) passed, 0 failed$", run.stdout, re.M)
     assert len(passed) == ran - len(expected), run.stdout[-6000:]
     # The suite really talked to the endpoint: the tools it listed are the Project's.
-    (listing,) = [json.loads(path.read_text()) for path in tmp_path.glob("tools-list*/checks.json")]
+    (listing,) = [
+        json.loads(path.read_text()) for path in tmp_path.glob("server-tools-list-*/checks.json")
+    ]
     (check,) = [c for c in listing if c["id"] == "tools-list"]
     assert check["status"] == "SUCCESS"
     listed = set(check["details"]["tools"])
