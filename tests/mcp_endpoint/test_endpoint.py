@@ -4,8 +4,10 @@ session, tools/list as the governed union, tools/call as an action, kestrel.outc
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from kestrel_one.execution.models import Action
 from kestrel_one.mcp_endpoint.models import McpSession
@@ -216,3 +218,19 @@ def test_the_stateless_wire_answers_without_a_handshake(world):
     assert "Mcp-Session-Id" not in response
     names = {t["name"] for t in response.json()["result"]["tools"]}
     assert "fs.read" in names
+
+
+def test_an_idle_session_is_gone(world, settings):
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    McpSession.objects.filter(public_id=session).update(
+        last_seen_at=timezone.now()
+        - timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS + 1)
+    )
+    assert rpc(client, endpoint(world), "tools/list", session=session).status_code == 404
+    # A fresh handshake works; the old row, long idle, is cleared once it is old enough.
+    McpSession.objects.filter(public_id=session).update(
+        last_seen_at=timezone.now() - timedelta(days=8)
+    )
+    initialize(client, endpoint(world))
+    assert not McpSession.objects.filter(public_id=session).exists()
