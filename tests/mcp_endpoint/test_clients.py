@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -196,6 +196,39 @@ def test_the_python_sdk_client_on_the_stateless_2026_07_28_wire(stack):
             read = await sdk_settled(session, read)
             assert read["thread"] == pending["thread"]
             assert read["state"] == "succeeded" and read["result"]["stdout"] == "later", read
+
+    anyio.run(scenario)
+
+
+@pytest.mark.spec("API-1", "SURF-3")
+def test_the_python_sdk_client_waits_for_the_person_through_input_required(stack):
+    """On the 2026-07-28 wire a client that can open a URL is asked (URL elicitation) to
+    have the person decide in the console; the SDK's ``Client`` retries the call with the
+    echoed state and gets the finished result. The person's approval is the console's: the
+    callback only opens the page the server named, as a person would."""
+    opened: list[str] = []
+
+    async def person_at_the_console(context, params: types.ElicitRequestParams):
+        assert isinstance(params, types.ElicitRequestURLParams), params
+        opened.append(params.url)
+        await anyio.to_thread.run_sync(console_approve, stack, params.url)
+        return types.ElicitResult(action="accept")
+
+    async def scenario() -> None:
+        headers = {"Authorization": f"Bearer {stack.agent}"}
+        async with create_mcp_http_client(headers=headers) as http:
+            transport = streamable_http_client(stack.endpoint(), http_client=http)
+            client = Client(
+                transport, mode="2026-07-28", elicitation_callback=person_at_the_console
+            )
+            async with client:
+                result = await client.call_tool(
+                    "fs.write", {"path": "notes/elicited.txt", "content": "asked"}
+                )
+        structured = result.structured_content
+        assert not result.is_error and structured["state"] == "succeeded", structured
+        assert structured["receipt"].startswith("rcp_")
+        assert opened == [f"{stack.origin}/console/local/actions/{structured['action']}"]
 
     anyio.run(scenario)
 
