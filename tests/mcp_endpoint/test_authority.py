@@ -421,7 +421,6 @@ def test_an_integration_token_gets_exactly_what_rest_gives_it(world):
     assert awaiting.state == "awaiting_approval"
 
 
-@pytest.mark.spec("SURF-4")
 def test_a_host_not_allowed_is_400_and_a_foreign_origin_403(world, settings):
     """DNS rebinding: a page on another site that resolves its own name to this server."""
     settings.ALLOWED_HOSTS = ["testserver", "kestrel.example.com"]
