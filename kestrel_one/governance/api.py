@@ -186,7 +186,8 @@ class ExplainViewSet(ProjectScopedViewSet):
                     "project": effective.project_version,
                     "surface": effective.surface_version,
                 },
-                "surface": effective.surface_term(),
+                "surface": effective.surface,
+                "surface_policy": effective.surface_term(),
                 "explanation": render_decision(decision),
             }
         )

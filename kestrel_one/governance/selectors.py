@@ -178,7 +178,8 @@ class EffectivePolicy:
     def describe(self) -> dict:
         return {
             "mode": self.mode.value,
-            "surface": self.surface_term(),
+            "surface": self.surface,
+            "surface_policy": self.surface_term(),
             "versions": {
                 "environment": self.environment_version,
                 "project": self.project_version,

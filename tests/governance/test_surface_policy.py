@@ -73,7 +73,8 @@ def test_without_a_surface_policy_every_surface_grants_what_the_api_does(world):
     for surface in ("api", "console", "mcp"):
         body = explain(world, "shell.exec", {"argv": ["make"]}, surface=surface)
         assert body["decision"] == "needs_approval", surface
-        assert body["surface"] == {"name": surface, "version": None, "document": None}
+        assert body["surface"] == surface
+        assert body["surface_policy"] == {"name": surface, "version": None, "document": None}
         assert body["policy_version"].endswith(f"+surface:{surface}")
 
 
@@ -82,14 +83,14 @@ def test_a_surface_policy_narrows_calls_through_that_surface_only(world):
     version = publish(world, "mcp", READS_ONLY)
     on_api = explain(world, "shell.exec", {"argv": ["make"]})
     assert on_api["decision"] == "needs_approval"
-    assert on_api["surface"]["name"] == "api" and on_api["surface"]["version"] is None
+    assert on_api["surface"] == "api" and on_api["surface_policy"]["version"] is None
 
     on_mcp = explain(world, "shell.exec", {"argv": ["make"]}, surface="mcp")
     assert on_mcp["decision"] == "deny"
     assert on_mcp["reasons"][0] == (
         f"shell.exec is not granted by the mcp surface policy ({version.public_id})"
     )
-    assert on_mcp["surface"] == {
+    assert on_mcp["surface_policy"] == {
         "name": "mcp",
         "version": version.public_id,
         "document": version.document,
@@ -134,7 +135,7 @@ def test_effective_policy_takes_the_surface(world):
     mcp = client.get(url, {"surface": "mcp"}).json()
     assert "shell.exec" in api["document"]["capabilities"]
     assert set(mcp["document"]["capabilities"]) == {"fs.read"}
-    assert mcp["surface"]["name"] == "mcp" and mcp["surface"]["version"].startswith("spv_")
+    assert mcp["surface"] == "mcp" and mcp["surface_policy"]["version"].startswith("spv_")
     unknown = client.get(url, {"surface": "fax"})
     assert unknown.status_code == 400
     assert unknown.json()["error"]["details"] == {"surface": ["one of api, console, mcp"]}
