@@ -17,9 +17,10 @@ import pytest
 from django.urls import resolve
 from rest_framework.test import APIClient
 
-from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.execution.models import Action, Approval, Plan
+from kestrel_one.governance.services import surface_policy_publish
 from kestrel_one.mcp_endpoint.models import McpSession
 from kestrel_one.tenancy.bootstrap import agent_token_create
 from runners.contract.registry import TOOLS
@@ -501,3 +502,27 @@ def test_the_route_walkers_probe_the_endpoint_with_a_real_request(world):
     other = Mcp(owner, url)
     assert world["admin"].client().delete(url, HTTP_MCP_SESSION_ID=other.session).status_code == 404
     assert not McpSession.objects.get(public_id=other.session).ended_at
+
+
+@pytest.mark.spec("POL-2")
+def test_the_mcp_surface_policy_narrows_the_endpoint_and_only_the_endpoint(world):
+    """An admin keeps MCP clients to reads: the endpoint lists and runs only those, while the
+    same token through REST keeps what the api surface allows."""
+    owner = Principal(PrincipalKind.TOKEN, user=world["owner"].user, token=world["owner"].token)
+    version = surface_policy_publish(
+        actor=owner,
+        organization=world.org,
+        surface="mcp",
+        document={"capabilities": {"fs.read": {"paths": ["**"]}}},
+    )
+    plaintext = integration_token(world)
+    session = Mcp(token_client(plaintext), mcp_url(world.project.public_id))
+    reads = {spec.name for spec in TOOLS.values() if spec.capability == "fs.read"}
+    assert session.tools() == reads | {"kestrel.outcome"}
+    refused = session.call("shell.exec", {"argv": ["make", "test"]})
+    assert refused["error"]["code"] == -32602, refused  # not offered, so not a tool here
+    read = session.call("fs.read", {"path": "README.md"})["result"]["structuredContent"]
+    label = Action.objects.get(public_id=read["action"]).policy_version
+    assert label.endswith(f"+surface:mcp@{version.public_id}"), label
+    through_rest = rest_action(token_client(plaintext), world, "shell.exec", {"argv": ["make"]})
+    assert through_rest.json()["state"] == "awaiting_approval"
