@@ -165,6 +165,7 @@ INSTALLED_APPS = [
     "kestrel_one.adapters",
     "kestrel_one.gateway",
     "kestrel_one.mcp",
+    "kestrel_one.mcp_endpoint",
     "kestrel_one.sandbox_broker",
     "kestrel_one.api",
     "kestrel_one.local",
@@ -501,6 +502,31 @@ KESTREL_IDEMPOTENCY_TTL_SECONDS = max(
 )
 # The longest a request may long-poll with ?wait=SECONDS.
 KESTREL_MAX_WAIT_SECONDS = env_int("KESTREL_MAX_WAIT_SECONDS", 60)
+
+# The MCP endpoint (docs/mcp-endpoint.md). A request body's bound, each caller's rate (DRF's
+# "N/second|minute|hour|day", counted in the shared "rate" cache below), how long a
+# tools/call waits for its action before answering "still running", and the web origins
+# besides this service's own that may call it from a browser (DNS rebinding protection).
+KESTREL_MCP_MAX_REQUEST_BYTES = env_int("KESTREL_MCP_MAX_REQUEST_BYTES", 1024 * 1024)
+KESTREL_MCP_RATE = env_str("KESTREL_MCP_RATE", "600/min")
+KESTREL_MCP_CALL_WAIT_SECONDS = min(
+    env_int("KESTREL_MCP_CALL_WAIT_SECONDS", 30), KESTREL_MAX_WAIT_SECONDS
+)
+KESTREL_MCP_ALLOWED_ORIGINS = [
+    o.strip() for o in (env_str("KESTREL_MCP_ALLOWED_ORIGINS") or "").split(",") if o.strip()
+]
+
+# Caches: the default is per process; counts every web process must share (rate bounds) are
+# kept in Redis, the broker's, under their own key prefix.
+KESTREL_RATE_CACHE = "rate"
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    KESTREL_RATE_CACHE: {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "kestrel-rate",
+    },
+}
 
 # Policy documents (docs/policy.md#caps): the most one PUT may hold, so that no tenant's
 # document can hold a web worker. KESTREL_POLICY_MAX_BYTES caps the JSON body; each other

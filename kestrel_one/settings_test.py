@@ -17,6 +17,7 @@ DATABASES = {
 DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_kestrel")}
 REDIS_URL = env_str("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_BROKER_URL = REDIS_URL
+CACHES[KESTREL_RATE_CACHE]["LOCATION"] = REDIS_URL  # noqa: F405
 KESTREL_EMBEDDED_BROKER = False
 # Argon2 is deliberately slow; tests create many users.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -37,6 +37,7 @@ from kestrel_one.governance.api import (
     ToolInventoryView,
 )
 from kestrel_one.mcp.api import McpServerViewSet, OrgToolInventoryViewSet
+from kestrel_one.mcp_endpoint.api import McpEndpointViewSet
 from kestrel_one.tenancy.api import (
     EnvironmentViewSet,
     MembershipViewSet,
@@ -206,6 +207,12 @@ urlpatterns = [
         f"{ORG}/connections/<str:id>",
         ConnectionViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
         name="connection-detail",
+    ),
+    # Kestrel One as an MCP server: one governed endpoint per Project (docs/mcp-endpoint.md).
+    path(
+        f"{ORG}/projects/<str:prj>/mcp",
+        McpEndpointViewSet.as_view({"post": "exchange", "get": "stream", "delete": "end"}),
+        name="mcp-endpoint",
     ),
     # MCP servers (docs/mcp.md): installed by admins, read by everyone in the organization.
     path(f"{ORG}/mcp-servers", McpServerViewSet.as_view(LIST), name="mcp-server-list"),

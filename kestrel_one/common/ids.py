@@ -45,6 +45,8 @@ PREFIXES = frozenset(
         "mcp",
         "mdi",
         "rsk",
+        # The MCP endpoint's sessions (kestrel_one.mcp_endpoint).
+        "mcs",
     }
 )
 

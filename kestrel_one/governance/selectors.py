@@ -32,6 +32,8 @@ from policies import (
 # surface so far; the console and MCP surfaces will bring masks of their own.
 SURFACE_MASKS: dict[str, Policy] = {
     "api": Policy.allowing(CAPABILITY_NAMES),
+    "console": Policy.allowing(CAPABILITY_NAMES),
+    "mcp": Policy.allowing(CAPABILITY_NAMES),
 }
 
 EMPTY_POLICY = Policy.deny_all()

@@ -1,0 +1,2 @@
+"""Kestrel One as an MCP server: one governed Streamable HTTP endpoint per Project
+(docs/mcp-endpoint.md)."""

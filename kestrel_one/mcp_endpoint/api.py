@@ -1,0 +1,267 @@
+"""The MCP endpoint's HTTP view: ``/api/v1/orgs/{org}/projects/{prj}/mcp``.
+
+Everything a REST request meets happens here first, with the REST API's own machinery:
+token authentication (and the single-host loopback rule), the organization and Project
+resolved through the principal (another organization's is the same 404), the scope, the
+rate bound. Then the checks of this transport (Origin against DNS rebinding, body size,
+the session the client names), and only then the SDK (``bridge``) speaks MCP.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.cache import caches
+from django.http import HttpResponse
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from mcp.server.transport_security import TransportSecuritySettings
+from rest_framework.exceptions import NotFound
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.throttling import SimpleRateThrottle
+
+from kestrel_one.api.base import ProjectScopedViewSet
+from kestrel_one.common.errors import KestrelError
+from kestrel_one.governance.selectors import parse_mode
+from kestrel_one.mcp_endpoint import bridge
+from kestrel_one.mcp_endpoint.models import McpSession
+from kestrel_one.mcp_endpoint.server import Caller, build_server
+from kestrel_one.threads.models import Thread
+from policies import Mode
+
+SESSION_HEADER = "Mcp-Session-Id"
+
+
+class PayloadTooLarge(KestrelError):
+    status = 413
+    code = "payload_too_large"
+
+
+class OriginRefused(KestrelError):
+    status = 403
+    code = "origin_refused"
+
+
+class McpRateThrottle(SimpleRateThrottle):
+    """At most ``KESTREL_MCP_RATE`` requests per caller, counted in the shared cache (every
+    web process sees the same count)."""
+
+    scope = "mcp"
+
+    def __init__(self):
+        self.cache = caches[settings.KESTREL_RATE_CACHE]
+        super().__init__()
+
+    def get_rate(self):
+        return settings.KESTREL_MCP_RATE
+
+    def get_cache_key(self, request, view):
+        principal = request.auth
+        ident = principal.actor_id if principal is not None else self.get_ident(request)
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class JsonErrors(BaseContentNegotiation):
+    """Kestrel's own answers (errors) are JSON whatever the Accept header says: an MCP
+    client accepts application/json and text/event-stream, and the transport, not DRF,
+    negotiates what the SDK answers."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0]
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+def _origin(request) -> str:
+    if settings.KESTREL_PUBLIC_URL:
+        return settings.KESTREL_PUBLIC_URL
+    return f"{request.scheme}://{request.get_host()}"
+
+
+def _resource_metadata_url(request) -> str:
+    return f"{_origin(request)}/.well-known/oauth-protected-resource{request.path}"
+
+
+def _security(request) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding check, given what this service already allows: Django has
+    held the Host to ALLOWED_HOSTS; an Origin must be this service's own or a listed one."""
+    origins = {_origin(request), f"{request.scheme}://{request.get_host()}"}
+    origins.update(settings.KESTREL_MCP_ALLOWED_ORIGINS)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[request.get_host()],
+        allowed_origins=sorted(origins),
+    )
+
+
+def _json_rpc_message(body: bytes):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+class McpEndpointViewSet(ProjectScopedViewSet):
+    """Streamable HTTP (MCP 2025-11-25 and 2026-07-28) for one Project's governed tools."""
+
+    scope_map = {"POST": "projects:read", "GET": "projects:read", "DELETE": "projects:read"}
+    throttle_classes = [McpRateThrottle]
+    content_negotiation_class = JsonErrors
+
+    def get_authenticate_header(self, request):
+        # Where an OAuth client learns how to get a token (RFC 9728, docs/mcp-endpoint.md).
+        return f'Bearer resource_metadata="{_resource_metadata_url(request)}"'
+
+    def _check_origin(self, request) -> None:
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return
+        allowed = _security(request).allowed_origins
+        parts = urlsplit(origin)
+        if origin not in allowed or parts.path not in {"", "/"}:
+            raise OriginRefused(
+                f"Requests from the web origin {origin[:100]!r} are refused (DNS rebinding "
+                "protection). A browser client's origin must be listed in "
+                "KESTREL_MCP_ALLOWED_ORIGINS.",
+                details={"Origin": ["not allowed"]},
+            )
+
+    def _body(self, request) -> bytes:
+        limit = settings.KESTREL_MCP_MAX_REQUEST_BYTES
+        length = request.META.get("CONTENT_LENGTH") or "0"
+        if not length.isdigit() or int(length) > limit:
+            raise PayloadTooLarge(
+                f"An MCP request may be at most {limit} bytes.",
+                details={"Content-Length": [f"at most {limit}"]},
+            )
+        body = request._request.body
+        if len(body) > limit:
+            raise PayloadTooLarge(
+                f"An MCP request may be at most {limit} bytes.",
+                details={"Content-Length": [f"at most {limit}"]},
+            )
+        return body
+
+    def _session(self, request) -> McpSession | None:
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None:
+            return None
+        session = (
+            McpSession.objects.select_related("thread")
+            .filter(
+                public_id=session_id[:40],
+                project=self.project,
+                actor_id=self.principal.actor_id,
+                ended_at__isnull=True,
+            )
+            .first()
+        )
+        if session is None:
+            # The MCP spec's answer to an unknown or ended session: start a new one.
+            raise NotFound()
+        return session
+
+    def _named_thread(self, request) -> Thread | None:
+        thread_id = request.query_params.get("thread")
+        if thread_id is None:
+            return None
+        thread = Thread.objects.filter(public_id=thread_id[:40], project=self.project).first()
+        if thread is None:
+            raise NotFound()
+        thread.project = self.project
+        return thread
+
+    def _caller(self, request, session: McpSession | None) -> Caller:
+        mode = parse_mode(request.query_params.get("mode"))
+        if session is not None:
+            mode = Mode(session.mode)
+        return Caller(
+            principal=self.principal,
+            organization=self.organization,
+            project=self.project,
+            mode=mode,
+            session=session,
+            thread=self._named_thread(request),
+            base_url=_origin(request),
+            call_wait_s=settings.KESTREL_MCP_CALL_WAIT_SECONDS,
+        )
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    def exchange(self, request, *args, **kwargs):
+        """One JSON-RPC message (MCP Streamable HTTP POST)."""
+        self._check_origin(request)
+        body = self._body(request)
+        session = self._session(request)
+        caller = self._caller(request, session)
+        message = _json_rpc_message(body)
+        answer = bridge.answer(
+            request,
+            build_server(caller),
+            body=body,
+            security=_security(request),
+            limit=settings.KESTREL_MCP_MAX_REQUEST_BYTES,
+        )
+        response = HttpResponse(answer.body, status=answer.status)
+        for key, value in answer.headers:
+            if key.lower() not in {"content-length", "mcp-session-id"}:
+                response[key] = value
+        if session is not None:
+            McpSession.objects.filter(pk=session.pk).update(last_seen_at=timezone.now())
+            response[SESSION_HEADER] = session.public_id
+        elif (
+            isinstance(message, dict)
+            and message.get("method") == "initialize"
+            and answer.status == 200
+        ):
+            response[SESSION_HEADER] = self._open_session(caller, message).public_id
+        return response
+
+    def _open_session(self, caller: Caller, message: dict) -> McpSession:
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        client = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
+        name = client.get("name") if isinstance(client.get("name"), str) else ""
+        version = params.get("protocolVersion")
+        return McpSession.objects.create(
+            organization=self.organization,
+            project=self.project,
+            actor_id=self.principal.actor_id,
+            mode=caller.mode.value,
+            thread=caller.thread,
+            client_name=name[:200],
+            protocol_version=version[:32] if isinstance(version, str) else "",
+        )
+
+    @extend_schema(responses={405: OpenApiTypes.OBJECT})
+    def stream(self, request, *args, **kwargs):
+        """No server-to-client stream: every answer comes in the POST's response."""
+        self._check_origin(request)
+        response = HttpResponse(
+            json.dumps(
+                {
+                    "error": {
+                        "code": "method_not_allowed",
+                        "message": "This MCP endpoint answers each request in its POST "
+                        "response and offers no GET stream.",
+                        "details": None,
+                    }
+                }
+            ),
+            status=405,
+            content_type="application/json",
+        )
+        response["Allow"] = "POST, DELETE"
+        return response
+
+    @extend_schema(responses={204: None})
+    def end(self, request, *args, **kwargs):
+        """End the session the client names (its thread stays, with its history)."""
+        self._check_origin(request)
+        session = self._session(request)
+        if session is None:
+            raise NotFound()
+        McpSession.objects.filter(pk=session.pk).update(ended_at=timezone.now())
+        return HttpResponse(status=204)

@@ -1,0 +1,218 @@
+"""The MCP endpoint's own behaviour through Django's test client: the handshake and
+session, tools/list as the governed union, tools/call as an action, kestrel.outcome."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kestrel_one.execution.models import Action
+from kestrel_one.mcp_endpoint.models import McpSession
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ACCEPT = "application/json, text/event-stream"
+
+
+def endpoint(world, project=None) -> str:
+    project = project or world.project
+    return f"/api/v1/orgs/{world.org.slug}/projects/{project.public_id}/mcp"
+
+
+def rpc(client, url, method, params=None, *, session=None, id=1, headers=None, raw=None):
+    body = raw if raw is not None else {"jsonrpc": "2.0", "id": id, "method": method}
+    if params is not None and raw is None:
+        body["params"] = params
+    extra = {"HTTP_ACCEPT": ACCEPT, "HTTP_MCP_PROTOCOL_VERSION": "2025-11-25"}
+    if session:
+        extra["HTTP_MCP_SESSION_ID"] = session
+    extra.update(headers or {})
+    return client.post(url, data=json.dumps(body), content_type="application/json", **extra)
+
+
+def initialize(client, url) -> str:
+    response = rpc(
+        client,
+        url,
+        "initialize",
+        {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "pytest", "version": "1"},
+        },
+        headers={"HTTP_MCP_PROTOCOL_VERSION": "2025-11-25"},
+    )
+    assert response.status_code == 200, response.content
+    result = response.json()["result"]
+    assert result["serverInfo"]["name"] == "kestrel-one"
+    assert "tools" in result["capabilities"]
+    return response["Mcp-Session-Id"]
+
+
+def test_initialize_opens_a_session_of_this_caller(world):
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    row = McpSession.objects.get(public_id=session)
+    assert row.project == world.project
+    assert row.actor_id == world["member"].token.public_id
+    assert row.client_name == "pytest"
+    # Another person cannot use it: the same 404 as a session that never was.
+    other = rpc(world["admin"].client(), endpoint(world), "tools/list", session=session)
+    assert other.status_code == 404
+
+
+def test_tools_list_is_what_the_policy_grants(world):
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    response = rpc(client, endpoint(world), "tools/list", session=session)
+    assert response.status_code == 200, response.content
+    names = {tool["name"]: tool for tool in response.json()["result"]["tools"]}
+    assert "kestrel.outcome" in names
+    assert "shell.exec" in names and "fs.read" in names
+    assert names["shell.exec"]["inputSchema"]["type"] == "object"
+    # The registry's mcp.call is offered per installed server tool, never as itself.
+    assert "mcp.call" not in names
+
+
+def test_plan_mode_lists_only_read_tools(world):
+    client = world["member"].client()
+    url = endpoint(world) + "?mode=plan"
+    session = initialize(client, url)
+    names = {
+        t["name"] for t in rpc(client, url, "tools/list", session=session).json()["result"]["tools"]
+    }
+    assert "fs.read" in names
+    assert "shell.exec" not in names and "fs.write" not in names
+
+
+@pytest.mark.spec("POL-5")
+def test_a_call_that_needs_approval_answers_at_once_and_approves_nothing(world, settings):
+    settings.KESTREL_MCP_CALL_WAIT_SECONDS = 0
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    response = rpc(
+        client,
+        endpoint(world),
+        "tools/call",
+        {"name": "shell.exec", "arguments": {"argv": ["make", "test"]}},
+        session=session,
+    )
+    assert response.status_code == 200, response.content
+    result = response.json()["result"]
+    structured = result["structuredContent"]
+    assert structured["state"] == "awaiting_approval"
+    assert structured["approval_url"].endswith(
+        f"/console/{world.org.slug}/actions/{structured['action']}"
+    )
+    assert result["isError"] is False
+    action = Action.objects.get(public_id=structured["action"])
+    assert action.surface == "mcp"
+    assert action.policy_version.endswith("+surface:mcp")
+    # The session's thread holds it; a second call reuses the thread.
+    again = rpc(
+        client,
+        endpoint(world),
+        "tools/call",
+        {"name": "fs.read", "arguments": {"path": "README.md"}},
+        session=session,
+        id=2,
+    ).json()["result"]["structuredContent"]
+    assert again["thread"] == structured["thread"]
+    # Asking for the outcome reads; it does not approve.
+    outcome = rpc(
+        client,
+        endpoint(world),
+        "tools/call",
+        {"name": "kestrel.outcome", "arguments": {"action": structured["action"]}},
+        session=session,
+        id=3,
+    ).json()["result"]["structuredContent"]
+    assert outcome["state"] == "awaiting_approval"
+    action.refresh_from_db()
+    assert action.state == "awaiting_approval"
+
+
+def test_an_unknown_tool_is_refused_and_nothing_is_recorded(world):
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    before = Action.objects.count()
+    for name in ("actions.approve", "mcp.call", "shell.exec2"):
+        body = rpc(
+            client,
+            endpoint(world),
+            "tools/call",
+            {"name": name, "arguments": {}},
+            session=session,
+        ).json()
+        assert body["error"]["code"] == -32602, body
+        assert "Unknown tool" in body["error"]["message"]
+    assert Action.objects.count() == before
+
+
+def test_a_viewer_lists_but_cannot_call(world):
+    client = world["viewer"].client()
+    session = initialize(client, endpoint(world))
+    assert rpc(client, endpoint(world), "tools/list", session=session).status_code == 200
+    body = rpc(
+        client,
+        endpoint(world),
+        "tools/call",
+        {"name": "fs.read", "arguments": {"path": "README.md"}},
+        session=session,
+    ).json()
+    assert body["error"]["code"] == -32003
+    assert "projects:write" in body["error"]["message"]
+
+
+def test_invalid_arguments_come_back_as_a_refused_result(world):
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    result = rpc(
+        client,
+        endpoint(world),
+        "tools/call",
+        {"name": "fs.read", "arguments": {"path": "../etc/passwd"}},
+        session=session,
+    ).json()["result"]
+    assert result["isError"] is True
+    assert result["structuredContent"]["error"]["code"]
+
+
+def test_no_token_gets_401_naming_the_resource_metadata(world):
+    response = rpc(world["anonymous"].client(), endpoint(world), "tools/list")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "not_authenticated"
+    header = response["WWW-Authenticate"]
+    assert header.startswith('Bearer resource_metadata="')
+    assert f"/.well-known/oauth-protected-resource{endpoint(world)}" in header
+
+
+def test_get_offers_no_stream_and_delete_ends_the_session(world):
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    response = client.get(endpoint(world), HTTP_ACCEPT="text/event-stream")
+    assert response.status_code == 405
+    assert response.json()["error"]["code"] == "method_not_allowed"
+    assert client.delete(endpoint(world), HTTP_MCP_SESSION_ID=session).status_code == 204
+    assert rpc(client, endpoint(world), "tools/list", session=session).status_code == 404
+
+
+def test_the_stateless_wire_answers_without_a_handshake(world):
+    client = world["member"].client()
+    response = rpc(
+        client,
+        endpoint(world),
+        "tools/list",
+        {
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+        },
+        headers={"HTTP_MCP_PROTOCOL_VERSION": "2026-07-28", "HTTP_MCP_METHOD": "tools/list"},
+    )
+    assert response.status_code == 200, response.content
+    assert "Mcp-Session-Id" not in response
+    names = {t["name"] for t in response.json()["result"]["tools"]}
+    assert "fs.read" in names
