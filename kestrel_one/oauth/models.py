@@ -63,6 +63,9 @@ class OAuthGrant(models.Model):
         AuthorizationCode, null=True, on_delete=models.SET_NULL, related_name="grant"
     )
     refresh_hash = models.CharField(max_length=64, unique=True)
+    # The refresh token it replaced: presented again, it is a replay, and the grant ends
+    # (RFC 9700 section 4.14.2).
+    previous_refresh_hash = models.CharField(max_length=64, blank=True, db_index=True)
     api_token = models.OneToOneField(
         "accounts.ApiToken", null=True, on_delete=models.SET_NULL, related_name="oauth_grant"
     )

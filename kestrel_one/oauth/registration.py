@@ -88,7 +88,9 @@ def _client_name(value) -> str:
 def _string_list(data: dict, field: str, default: list[str]) -> list[str]:
     value = data.get(field, default)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RegistrationRefused("invalid_client_metadata", f"{field} must be an array of strings.")
+        raise RegistrationRefused(
+            "invalid_client_metadata", f"{field} must be an array of strings."
+        )
     return value
 
 

@@ -15,7 +15,9 @@ from django.conf import settings
 
 from kestrel_one.tenancy.models import Organization, Project
 
-MCP_PATH = re.compile(r"^/api/v1/orgs/(?P<org>[-a-zA-Z0-9_]{1,100})/projects/(?P<prj>[A-Za-z0-9_]{1,64})/mcp/?$")
+MCP_PATH = re.compile(
+    r"^/api/v1/orgs/(?P<org>[-a-zA-Z0-9_]{1,100})/projects/(?P<prj>[A-Za-z0-9_]{1,64})/mcp/?$"
+)
 
 
 def public_origin(request) -> str:

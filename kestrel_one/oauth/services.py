@@ -192,16 +192,23 @@ def oauth_tokens_issue(*, code: AuthorizationCode, refresh_token: str):
 
 
 def oauth_grant_for_refresh(*, application, refresh_token: str) -> OAuthGrant | None:
-    return (
-        OAuthGrant.objects.select_related("user", "project__organization", "application")
-        .filter(
-            refresh_hash=secret_digest(refresh_token),
-            application=application,
-            revoked_at__isnull=True,
-            refresh_expires_at__gt=timezone.now(),
-        )
-        .first()
-    )
+    """The live grant this refresh token renews. A refresh token already rotated away is a
+    replay (someone else holds a copy): the grant ends, for the client and the thief alike."""
+    digest = secret_digest(refresh_token)
+    grants = OAuthGrant.objects.select_related("user", "project__organization", "application")
+    grant = grants.filter(
+        refresh_hash=digest,
+        application=application,
+        revoked_at__isnull=True,
+        refresh_expires_at__gt=timezone.now(),
+    ).first()
+    if grant is None:
+        replayed = grants.filter(
+            previous_refresh_hash=digest, application=application, revoked_at__isnull=True
+        ).first()
+        if replayed is not None:
+            oauth_grant_revoke(grant=replayed, reason="refresh_token_replayed")
+    return grant
 
 
 @transaction.atomic
@@ -214,6 +221,7 @@ def oauth_tokens_refresh(
         pk=grant.pk, refresh_hash=secret_digest(refresh_token), revoked_at__isnull=True
     ).update(
         refresh_hash=secret_digest(new_refresh_token),
+        previous_refresh_hash=secret_digest(refresh_token),
         refreshed_at=now,
         refresh_expires_at=now + settings.KESTREL_OAUTH_REFRESH_TOKEN_TTL,
     )

@@ -64,6 +64,7 @@ def authorization_server_metadata(request: HttpRequest) -> JsonResponse:
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": ["none"],
             "revocation_endpoint_auth_methods_supported": ["none"],
+            "authorization_response_iss_parameter_supported": True,
         }
     )
 
@@ -161,7 +162,7 @@ class AuthorizeView(OAuthLibMixin, View):
                 "application; if it keeps happening, tell whoever maintains it.",
             )
         except OAuthToolkitError as error:
-            return _redirect_error(error)
+            return _redirect_error(request, error)
         if "redirect_uri" not in request.GET:
             return _error_page(
                 request,
@@ -172,6 +173,7 @@ class AuthorizeView(OAuthLibMixin, View):
         state = credentials.get("state")
         if credentials.get("code_challenge_method") != "S256":
             return _redirect_to_client(
+                request,
                 redirect_uri,
                 error="invalid_request",
                 description="PKCE with code_challenge_method=S256 is required.",
@@ -180,9 +182,7 @@ class AuthorizeView(OAuthLibMixin, View):
         resources = request.GET.getlist("resource")
         person = services.consenting_person(request.user)
         project = (
-            resource_project(
-                principal=person, resource=resources[0], origin=public_origin(request)
-            )
+            resource_project(principal=person, resource=resources[0], origin=public_origin(request))
             if len(resources) == 1
             else None
         )
@@ -231,7 +231,7 @@ class AuthorizeView(OAuthLibMixin, View):
                 allow=decision == "allow",
             )
         except OAuthToolkitError as error:
-            return _redirect_error(error)
+            return _redirect_error(request, error)
         return OAuth2ResponseRedirect(uri, REDIRECT_SCHEMES)
 
     def _consent_page(self, request, application, project, granted, asked, redirect_uri):
@@ -252,22 +252,29 @@ class AuthorizeView(OAuthLibMixin, View):
 
 def _error_page(request, title: str, message: str, status: int = 400) -> HttpResponse:
     response = render(
-        request, "console/error.html", {"title": title, "message": message, "status": status},
+        request,
+        "console/error.html",
+        {"title": title, "message": message, "status": status},
         status=status,
     )
     response["Cache-Control"] = "no-store"
     return response
 
 
-def _redirect_error(error: OAuthToolkitError) -> HttpResponse:
+def _redirect_error(request, error: OAuthToolkitError) -> HttpResponse:
     oauthlib_error = error.oauthlib_error
     if not oauthlib_error.redirect_uri:
         return HttpResponse(oauthlib_error.json, status=400, content_type="application/json")
-    return OAuth2ResponseRedirect(oauthlib_error.in_uri(oauthlib_error.redirect_uri), REDIRECT_SCHEMES)
+    params = [*oauthlib_error.twotuples, ("iss", public_origin(request))]
+    location = add_params_to_uri(oauthlib_error.redirect_uri, params)
+    return OAuth2ResponseRedirect(location, REDIRECT_SCHEMES)
 
 
-def _redirect_to_client(redirect_uri: str, *, error: str, description: str, state) -> HttpResponse:
+def _redirect_to_client(
+    request, redirect_uri: str, *, error: str, description: str, state
+) -> HttpResponse:
     params = [("error", error), ("error_description", description)]
     if state:
         params.append(("state", state))
+    params.append(("iss", public_origin(request)))
     return OAuth2ResponseRedirect(add_params_to_uri(redirect_uri, params), REDIRECT_SCHEMES)

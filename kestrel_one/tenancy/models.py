@@ -131,9 +131,7 @@ class ProjectQuerySet(models.QuerySet):
                     ).values("content_object_id")
                 )
             if token is not None and token.user_id is not None and token.limited_to_projects:
-                limit = (qs if limit is None else limit).filter(
-                    pk__in=token.projects.values("pk")
-                )
+                limit = (qs if limit is None else limit).filter(pk__in=token.projects.values("pk"))
             return limit
         if (
             principal.user is None
