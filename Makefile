@@ -53,7 +53,8 @@ images: docker-ready
 sandboxes: images
 	bash deploy/scripts/ensure-bubblewrap.sh
 
-## Debian's chromium and the npm packages (axe-core) for the console's browser tests.
+## Debian's chromium and the npm packages from package-lock.json: axe-core for the console's
+## browser tests, the MCP conformance suite and the MCP Inspector CLI for tests/mcp_endpoint.
 browser:
 	bash deploy/scripts/ensure-browser.sh
 

@@ -524,6 +524,8 @@ KESTREL_MCP_RATE = env_str("KESTREL_MCP_RATE", "600/min")
 KESTREL_MCP_CALL_WAIT_SECONDS = min(
     env_int("KESTREL_MCP_CALL_WAIT_SECONDS", 30), KESTREL_MAX_WAIT_SECONDS
 )
+# A session unused this long is gone: its id answers 404 and the client starts a new one.
+KESTREL_MCP_SESSION_IDLE_SECONDS = max(env_int("KESTREL_MCP_SESSION_IDLE_SECONDS", 24 * 3600), 60)
 KESTREL_MCP_ALLOWED_ORIGINS = [
     o.strip() for o in (env_str("KESTREL_MCP_ALLOWED_ORIGINS") or "").split(",") if o.strip()
 ]

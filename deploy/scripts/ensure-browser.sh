@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Make sure the console's browser tests can run: Debian's chromium (Playwright drives it
-# through executable_path; Playwright's own browser downloads are not reachable here) and
-# the npm packages the tests use (axe-core, from package-lock.json, into node_modules).
+# Make sure the console's browser tests and the MCP endpoint's client tests can run:
+# Debian's chromium (Playwright drives it through executable_path; Playwright's own browser
+# downloads are not reachable here) and the npm packages the tests use, from
+# package-lock.json into node_modules: axe-core, the MCP conformance suite and the MCP
+# Inspector's CLI (tests/mcp_endpoint run them with `npx --no-install`, so nothing is
+# downloaded while the tests run).
 #
 # Idempotent: installs chromium only when it is missing, runs npm ci only when the lock
 # file changed. Exits non-zero with a message saying what failed.
@@ -24,6 +27,9 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 command -v npm >/dev/null 2>&1 || fail "npm is missing (Debian's nodejs and npm packages)"
+# The conformance suite is pinned to 0.1.13: later versions import fs.globSync (Node 22).
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' ||
+  fail "Node.js 20 or later is needed (found $(node --version)); Debian's nodejs package"
 stamp="node_modules/.installed-$(sha256sum package-lock.json | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   npm ci --no-audit --no-fund --loglevel=error >/dev/null || fail "npm ci failed"

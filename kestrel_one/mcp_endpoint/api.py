@@ -10,6 +10,7 @@ the session the client names), and only then the SDK (``bridge``) speaks MCP.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -150,6 +151,7 @@ class McpEndpointViewSet(ProjectScopedViewSet):
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None:
             return None
+        idle = timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS)
         session = (
             McpSession.objects.select_related("thread")
             .filter(
@@ -157,6 +159,7 @@ class McpEndpointViewSet(ProjectScopedViewSet):
                 project=self.project,
                 actor_id=self.principal.actor_id,
                 ended_at__isnull=True,
+                last_seen_at__gte=timezone.now() - idle,
             )
             .first()
         )
@@ -225,6 +228,12 @@ class McpEndpointViewSet(ProjectScopedViewSet):
         client = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
         name = client.get("name") if isinstance(client.get("name"), str) else ""
         version = params.get("protocolVersion")
+        # This caller's sessions that ended or went idle long ago go (a client that opens a
+        # session per connection would otherwise leave rows behind).
+        stale = timezone.now() - 7 * timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS)
+        McpSession.objects.filter(
+            organization=self.organization, actor_id=self.principal.actor_id, last_seen_at__lt=stale
+        ).delete()
         return McpSession.objects.create(
             organization=self.organization,
             project=self.project,

@@ -11,6 +11,7 @@ surface ``mcp``; nothing here can approve, deny, accept a plan or change a polic
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +23,17 @@ from mcp_types import (
     INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
+    ElicitRequest,
+    ElicitRequestURLParams,
+    ElicitResult,
+    InputRequiredResult,
     ListToolsResult,
     PaginatedRequestParams,
     TextContent,
     Tool,
     ToolAnnotations,
 )
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from kestrel_one.accounts.principal import Principal
@@ -40,6 +46,7 @@ from kestrel_one.governance.selectors import effective_policy
 from kestrel_one.mcp_endpoint import tools
 from kestrel_one.mcp_endpoint.models import McpSession
 from kestrel_one.threads.models import Thread
+from kestrel_one.threads.notify import action_watch
 from kestrel_one.threads.services import thread_create
 from policies import Mode, resolve_mode
 
@@ -206,7 +213,79 @@ def _refused(error: KestrelError) -> CallToolResult:
     )
 
 
-def call_tool(caller: Caller, name: str, arguments: dict[str, Any]) -> CallToolResult:
+@dataclass(frozen=True)
+class Wire:
+    """What the request's protocol lets a call that waits for a person do.
+
+    On the 2026-07-28 wire a result may be ``InputRequiredResult``: the client fulfils its
+    input requests and retries the call with the ``request_state`` echoed. A call that needs
+    approval then asks the person, through a URL elicitation, to decide in the console (when
+    the client can open one), and each retry waits for the decision. Earlier wires get the
+    pending result and ``kestrel.outcome``.
+    """
+
+    modern: bool = False
+    url_elicitation: bool = False
+    # The retry of a call that waited: the action it made, as the client echoed it.
+    request_state: str | None = None
+    # The person's answer to the URL elicitation, when the client sent one.
+    declined: bool = False
+
+
+APPROVAL_INPUT = "approval"
+
+
+def _approval_input(caller: Caller, action: Action) -> InputRequiredResult:
+    url = _console_url(caller, action.public_id)
+    return InputRequiredResult(
+        input_requests={
+            APPROVAL_INPUT: ElicitRequest(
+                params=ElicitRequestURLParams(
+                    message=(
+                        f"Kestrel One action {action.public_id} ({action.tool}) needs a "
+                        "person's approval. Open the console to approve or deny it, then "
+                        "continue."
+                    ),
+                    url=url,
+                )
+            )
+        },
+        request_state=action.public_id,
+    )
+
+
+def _retried(caller: Caller, offered: tools.Offered, wire: Wire):
+    """The answer to a retry: the call's action once decided, else another wait."""
+    action = (
+        Action.objects.select_related("thread")
+        .filter(project=caller.project, public_id=str(wire.request_state)[:40], tool=offered.tool)
+        .first()
+    )
+    if action is None:
+        raise MCPError(INVALID_PARAMS, "requestState names no call of this tool in this Project.")
+    if wire.declined:
+        return _outcome(caller, action)
+    action = settle_decided(action, caller.call_wait_s)
+    if action.state == ActionState.AWAITING_APPROVAL:
+        return InputRequiredResult(request_state=action.public_id)
+    return _outcome(caller, action)
+
+
+def settle_decided(action: Action, seconds: float) -> Action:
+    """Wait up to ``seconds`` for a person's decision, then for the call to finish."""
+    deadline = time.monotonic() + seconds
+    with action_watch(action.public_id) as wait:
+        action.refresh_from_db()
+        while action.state == ActionState.AWAITING_APPROVAL:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return action
+            wait(remaining)
+            action.refresh_from_db()
+    return settle(action, max(deadline - time.monotonic(), 0))
+
+
+def call_tool(caller: Caller, name: str, arguments: dict[str, Any], wire: Wire = Wire()):
     if name == tools.OUTCOME_TOOL:
         return outcome(caller, arguments)
     _require_write(caller)
@@ -216,6 +295,8 @@ def call_tool(caller: Caller, name: str, arguments: dict[str, Any]) -> CallToolR
             INVALID_PARAMS,
             f"Unknown tool {name[:100]!r}: tools/list names the tools this Project offers you.",
         )
+    if wire.modern and wire.request_state is not None:
+        return _retried(caller, offered, wire)
     try:
         thread = _call_thread(caller)
         _, _, action = action_request_once(
@@ -232,7 +313,10 @@ def call_tool(caller: Caller, name: str, arguments: dict[str, Any]) -> CallToolR
     except KestrelError as error:
         return _refused(error)
     assert action is not None
-    if action.state != ActionState.AWAITING_APPROVAL:
+    if action.state == ActionState.AWAITING_APPROVAL:
+        if wire.modern and wire.url_elicitation:
+            return _approval_input(caller, action)
+    else:
         action = settle(action, caller.call_wait_s)
     return _outcome(caller, action)
 
@@ -260,15 +344,29 @@ def outcome(caller: Caller, arguments: dict[str, Any]) -> CallToolResult:
     return _outcome(caller, settle(action, float(wait)))
 
 
+def wire_of(ctx, params: CallToolRequestParams) -> Wire:
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return Wire()
+    capabilities = ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    answer = (params.input_responses or {}).get(APPROVAL_INPUT)
+    return Wire(
+        modern=True,
+        url_elicitation=elicitation is not None and elicitation.url is not None,
+        request_state=params.request_state,
+        declined=isinstance(answer, ElicitResult) and answer.action != "accept",
+    )
+
+
 def build_server(caller: Caller) -> Server:
     """The SDK server answering one request for ``caller``."""
 
     async def on_list_tools(ctx, params: PaginatedRequestParams | None) -> ListToolsResult:
         return await sync_to_async(list_tools, thread_sensitive=True)(caller)
 
-    async def on_call_tool(ctx, params: CallToolRequestParams) -> CallToolResult:
+    async def on_call_tool(ctx, params: CallToolRequestParams):
         return await sync_to_async(call_tool, thread_sensitive=True)(
-            caller, params.name, dict(params.arguments or {})
+            caller, params.name, dict(params.arguments or {}), wire_of(ctx, params)
         )
 
     return Server(

@@ -4,13 +4,17 @@ session, tools/list as the governed union, tools/call as an action, kestrel.outc
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import Action
 from kestrel_one.mcp_endpoint.models import McpSession
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 ACCEPT = "application/json, text/event-stream"
 
@@ -216,3 +220,115 @@ def test_the_stateless_wire_answers_without_a_handshake(world):
     assert "Mcp-Session-Id" not in response
     names = {t["name"] for t in response.json()["result"]["tools"]}
     assert "fs.read" in names
+
+
+def test_an_idle_session_is_gone(world, settings):
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    McpSession.objects.filter(public_id=session).update(
+        last_seen_at=timezone.now()
+        - timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS + 1)
+    )
+    assert rpc(client, endpoint(world), "tools/list", session=session).status_code == 404
+    # A fresh handshake works; the old row, long idle, is cleared once it is old enough.
+    McpSession.objects.filter(public_id=session).update(
+        last_seen_at=timezone.now() - timedelta(days=8)
+    )
+    initialize(client, endpoint(world))
+    assert not McpSession.objects.filter(public_id=session).exists()
+
+
+MODERN = {"HTTP_MCP_PROTOCOL_VERSION": "2026-07-28", "HTTP_MCP_METHOD": "tools/call"}
+
+
+def modern_call(client, url, name, arguments, *, elicitation: bool, id=1, **extra):
+    capabilities = {"elicitation": {"url": {}}} if elicitation else {}
+    params = {
+        "name": name,
+        "arguments": arguments,
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        },
+        **extra,
+    }
+    headers = {**MODERN, "HTTP_MCP_NAME": name}
+    response = rpc(client, url, "tools/call", params, id=id, headers=headers)
+    assert response.status_code == 200, response.content
+    return response.json()["result"]
+
+
+@pytest.mark.spec("POL-5")
+def test_the_stateless_wire_waits_for_a_person_through_input_required(world, settings):
+    settings.KESTREL_MCP_CALL_WAIT_SECONDS = 0
+    client = world["member"].client()
+    url = endpoint(world) + f"?thread={world.thread.public_id}"
+    first = modern_call(client, url, "shell.exec", {"argv": ["make"]}, elicitation=True)
+    assert first["resultType"] == "input_required"
+    request = first["inputRequests"]["approval"]
+    assert request["method"] == "elicitation/create"
+    assert request["params"]["mode"] == "url"
+    action = Action.objects.get(public_id=first["requestState"])
+    assert request["params"]["url"].endswith(
+        f"/console/{world.org.slug}/actions/{action.public_id}"
+    )
+    # The client's retry, before anyone decided: still waiting, and nothing was approved.
+    accepted = {"approval": {"action": "accept"}}
+    again = modern_call(
+        client,
+        url,
+        "shell.exec",
+        {"argv": ["make"]},
+        elicitation=True,
+        id=2,
+        requestState=first["requestState"],
+        inputResponses=accepted,
+    )
+    assert again["resultType"] == "input_required"
+    assert again["requestState"] == action.public_id
+    action.refresh_from_db()
+    assert action.state == "awaiting_approval"
+    # A person approves in the console; the next retry has the outcome.
+    owner = Principal(PrincipalKind.SESSION, user=world["owner"].user)
+    approval_decide(actor=owner, action=action, approve=True)
+    done = modern_call(
+        client,
+        url,
+        "shell.exec",
+        {"argv": ["make"]},
+        elicitation=True,
+        id=3,
+        requestState=first["requestState"],
+    )
+    assert done.get("resultType", "complete") == "complete"
+    assert done["structuredContent"]["action"] == action.public_id
+    assert done["structuredContent"]["state"] == "queued"
+    assert Action.objects.filter(thread=world.thread, tool="shell.exec").count() == 2
+
+
+def test_without_url_elicitation_the_stateless_wire_gets_the_pending_result(world):
+    client = world["member"].client()
+    url = endpoint(world) + f"?thread={world.thread.public_id}"
+    result = modern_call(client, url, "shell.exec", {"argv": ["make"]}, elicitation=False)
+    assert result["structuredContent"]["state"] == "awaiting_approval"
+    assert "approval_url" in result["structuredContent"]
+
+
+def test_a_request_state_of_another_tool_is_refused(world):
+    client = world["member"].client()
+    body = rpc(
+        client,
+        endpoint(world),
+        "tools/call",
+        {
+            "name": "fs.read",
+            "arguments": {"path": "README.md"},
+            "requestState": world.action.public_id,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+        headers={**MODERN, "HTTP_MCP_NAME": "fs.read"},
+    ).json()
+    assert body["error"]["code"] == -32602
