@@ -195,13 +195,19 @@ def oauth_grant_for_refresh(*, application, refresh_token: str) -> OAuthGrant | 
     """The live grant this refresh token renews. A refresh token already rotated away is a
     replay (someone else holds a copy): the grant ends, for the client and the thief alike."""
     digest = secret_digest(refresh_token)
-    grants = OAuthGrant.objects.select_related("user", "project__organization", "application")
+    grants = OAuthGrant.objects.select_related(
+        "user", "project__organization", "application", "api_token"
+    )
     grant = grants.filter(
         refresh_hash=digest,
         application=application,
         revoked_at__isnull=True,
         refresh_expires_at__gt=timezone.now(),
     ).first()
+    if grant is not None and (grant.api_token is None or grant.api_token.revoked_at is not None):
+        # The person revoked the client's token (the Tokens page): that ends the consent.
+        oauth_grant_revoke(grant=grant, reason="token_revoked")
+        return None
     if grant is None:
         replayed = grants.filter(
             previous_refresh_hash=digest, application=application, revoked_at__isnull=True

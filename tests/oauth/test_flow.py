@@ -63,6 +63,8 @@ def connect(live_server, world, person="member"):
     return client, client_id, response.json()
 
 
+@pytest.mark.spec("API-1")
+@pytest.mark.spec("POL-5")
 def test_an_mcp_client_discovers_registers_gets_consent_and_uses_its_token(live_server, world):
     client = http(live_server.url)
     origin = live_server.url
@@ -332,8 +334,8 @@ def test_the_consent_form_needs_its_csrf_token(live_server, world):
     assert not AuthorizationCode.objects.exists()
 
 
-def test_revoking_the_token_on_the_tokens_page_ends_api_access(live_server, world):
-    client, _client_id, tokens = connect(live_server, world)
+def test_revoking_the_token_on_the_tokens_page_ends_the_grant(live_server, world):
+    client, client_id, tokens = connect(live_server, world)
     token = ApiToken.objects.get(key_id=tokens["access_token"].split("_")[1])
     from kestrel_one.accounts.principal import Principal, PrincipalKind
     from kestrel_one.accounts.services import token_revoke
@@ -341,6 +343,17 @@ def test_revoking_the_token_on_the_tokens_page_ends_api_access(live_server, worl
     token_revoke(actor=Principal(PrincipalKind.SESSION, user=world["member"].user), token=token)
     url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
     assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 401
+    # The refresh token does not bring it back.
+    refreshed = client.post(
+        "/oauth/token",
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": tokens["refresh_token"],
+            "client_id": client_id,
+        },
+    )
+    assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
+    assert OAuthGrant.objects.get().revoked_at is not None
 
 
 def test_a_person_removed_from_the_project_cannot_refresh(live_server, world):
@@ -363,6 +376,7 @@ def test_a_person_removed_from_the_project_cannot_refresh(live_server, world):
     assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
 
 
+@pytest.mark.spec("API-1")
 def test_a_replayed_refresh_token_ends_the_grant(live_server, world):
     client, client_id, tokens = connect(live_server, world)
 

@@ -78,6 +78,7 @@ class SignedInBrowser:
         return self.result
 
 
+@pytest.mark.spec("API-1")
 def test_the_mcp_sdk_oauth_client_connects_after_consent(live_server, world):
     signed_in = Client()
     signed_in.force_login(world["member"].user)
