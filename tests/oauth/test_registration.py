@@ -162,3 +162,35 @@ def test_the_resource_metadata_is_the_same_for_any_org(client, world):
     )
     assert real.status_code == made_up.status_code == 200
     assert set(real.json()) == set(made_up.json())
+
+
+def test_a_person_token_is_limited_only_to_projects_they_see(world):
+    from kestrel_one.accounts.principal import Principal, PrincipalKind
+    from kestrel_one.accounts.services import token_create
+    from kestrel_one.common.errors import PermissionDenied, ValidationFailed
+
+    limited = Principal(PrincipalKind.SESSION, user=world["limited"].user)
+    with pytest.raises(PermissionDenied):
+        token_create(
+            actor=limited,
+            organization=world.org,
+            name="x",
+            scopes=["projects:read"],
+            limit_to_projects=[world.project],
+        )
+    with pytest.raises(ValidationFailed):
+        token_create(
+            actor=limited,
+            organization=world.org,
+            name="x",
+            scopes=["projects:read"],
+            limit_to_projects=[],
+        )
+    token, _ = token_create(
+        actor=limited,
+        organization=world.org,
+        name="x",
+        scopes=["projects:read"],
+        limit_to_projects=[world.other_project],
+    )
+    assert token.limited_to_projects and list(token.projects.all()) == [world.other_project]
