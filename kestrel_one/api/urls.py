@@ -34,6 +34,8 @@ from kestrel_one.governance.api import (
     EnvironmentPolicyViewSet,
     ExplainViewSet,
     ProjectPolicyViewSet,
+    SurfaceListViewSet,
+    SurfacePolicyViewSet,
     ToolInventoryView,
 )
 from kestrel_one.mcp.api import McpServerViewSet, OrgToolInventoryViewSet
@@ -104,6 +106,12 @@ urlpatterns = [
         f"{ORG}/projects/<str:prj>/explain",
         ExplainViewSet.as_view({"post": "create"}),
         name="project-explain",
+    ),
+    path(f"{ORG}/surfaces", SurfaceListViewSet.as_view({"get": "list"}), name="surface-list"),
+    path(
+        f"{ORG}/surfaces/<str:surface>/policy",
+        SurfacePolicyViewSet.as_view(POLICY),
+        name="surface-policy",
     ),
     path(f"{ORG}/audit", AuditRecordViewSet.as_view({"get": "list"}), name="audit-list"),
     path(f"{ORG}/audit/head", AuditHeadViewSet.as_view({"get": "retrieve"}), name="audit-head"),

@@ -32,6 +32,8 @@ PREFIXES = frozenset(
         "msg",
         "dlv",
         "pol",
+        # Surface policy versions (kestrel_one.governance).
+        "spv",
         "aud",
         "pln",
         "ver",

@@ -349,6 +349,8 @@ class PolicyExplain(PolicyOwnerView):
             mode=mode,
             policy_request=policy_request,
             canonical=canonical,
+            # The console judges what a call from the console would meet.
+            surface="console",
             **(self.draft_layers(draft) if draft is not None else {}),
         )
 

@@ -12,6 +12,7 @@ from kestrel_one.console import (
     gateway,
     mcp,
     policy,
+    surfaces,
     views,
 )
 
@@ -21,6 +22,7 @@ urlpatterns = [
     *dashboard.urlpatterns,
     *approvals.urlpatterns,
     *policy.urlpatterns,
+    *surfaces.urlpatterns,
     *administration.urlpatterns,
     *gateway.urlpatterns,
     *credentials.urlpatterns,

@@ -2,8 +2,9 @@
 
 Each recorded action of the last days (in the environment or project the draft is for, in
 projects the person may see) is decided again, with the engine's ``decide_call`` as it was
-first decided: its exact arguments (``action_arguments``), its mode, the API surface, and the
-layers with the draft in place of one of them. Where the outcome differs from the recorded
+first decided: its exact arguments (``action_arguments``), its mode, the surface it came
+through (with the organization's current policy for that surface), and the layers with the
+draft in place of one of them. Where the outcome differs from the recorded
 one (allowed -> denied, needs approval -> allowed, ...) the action is listed. The token scope
 is not replayed: an action was only ever recorded for a caller allowed to request it.
 """
@@ -20,7 +21,13 @@ from kestrel_one.common.redaction import redact
 from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action
 from kestrel_one.governance.judging import decide_call, tool_call_request
-from kestrel_one.governance.selectors import SURFACE_MASKS, environment_ceiling, policy_of
+from kestrel_one.governance.selectors import (
+    SURFACES,
+    environment_ceiling,
+    policy_of,
+    surface_policy,
+    surface_version_current,
+)
 from kestrel_one.tenancy.models import Project
 from policies import Mode, Policy, meet_all, mode_mask
 
@@ -84,18 +91,26 @@ def decisions_preview(
         "project__policy_version", "project__environment__policy_version"
     ).order_by("-created_at", "-pk")[:limit]
     preview = Preview(days=days, limit=limit)
-    layered: dict[tuple[int, str], Policy] = {}
+    layered: dict[tuple[int, str, str], Policy] = {}
+    # Each surface's current policy, read once: what a decision now would meet.
+    surfaces = {
+        surface: surface_policy(surface_version_current(organization, surface))
+        for surface in SURFACES
+    }
     for action in actions:
         preview.considered += 1
         try:
             mode = Mode(action.mode)
+            on_surface = surfaces[action.surface]
             _, canonical, request = tool_call_request(action.tool, action_arguments(action))
-        except (ValueError, ValidationFailed):
+        except (KeyError, ValueError, ValidationFailed):
             preview.unreplayable += 1
             continue
-        key = (action.project_id, mode.value)
+        key = (action.project_id, mode.value, action.surface)
         if key not in layered:
-            layered[key] = _effective(action.project, mode, environment_draft, project_draft)
+            layered[key] = _effective(
+                action.project, mode, on_surface, environment_draft, project_draft
+            )
         decision = decide_call(layered[key], request, canonical, version=PREVIEW_VERSION, mode=mode)
         recorded = (action.decision or {}).get("outcome", "")
         if decision.outcome == recorded:
@@ -114,9 +129,13 @@ def decisions_preview(
 
 
 def _effective(
-    project, mode: Mode, environment_draft: Policy | None, project_draft: Policy | None
+    project,
+    mode: Mode,
+    on_surface: Policy,
+    environment_draft: Policy | None,
+    project_draft: Policy | None,
 ) -> Policy:
     environment = environment_draft or environment_ceiling(project.environment)
     own = project_draft if project_draft is not None else policy_of(project.policy_version)
     layers = [environment] if own is None else [environment, own]
-    return meet_all(*layers, SURFACE_MASKS["api"], mode_mask(mode))
+    return meet_all(*layers, on_surface, mode_mask(mode))

@@ -10,8 +10,10 @@ from rest_framework.views import APIView
 
 from kestrel_one.api.base import OrgScopedViewSet, ProjectScopedViewSet
 from kestrel_one.api.serializers import StrictSerializer
+from kestrel_one.common.errors import NotFound, echo
 from kestrel_one.governance import selectors, services
 from kestrel_one.governance.judging import call_judge, tool_call_admitted
+from kestrel_one.governance.models import SurfacePolicyVersion
 from kestrel_one.tenancy.models import Environment
 from policies import Mode, render_decision
 from runners.contract.registry import TOOLS
@@ -116,13 +118,17 @@ class EffectivePolicyViewSet(ProjectScopedViewSet):
     scope_map = {"GET": "projects:read"}
 
     @extend_schema(
-        parameters=[OpenApiParameter("mode", str, enum=[mode.value for mode in Mode])],
+        parameters=[
+            OpenApiParameter("mode", str, enum=[mode.value for mode in Mode]),
+            OpenApiParameter("surface", str, enum=list(selectors.SURFACES)),
+        ],
         responses={200: OpenApiTypes.OBJECT},
     )
     def retrieve(self, request, *args, **kwargs):
         mode = selectors.parse_mode(request.query_params.get("mode"))
+        surface = selectors.parse_surface(request.query_params.get("surface"))
         effective = selectors.effective_policy(
-            project=self.project, principal=self.principal, mode=mode
+            project=self.project, principal=self.principal, mode=mode, surface=surface
         )
         return Response(effective.describe())
 
@@ -131,6 +137,8 @@ class ExplainSerializer(StrictSerializer):
     tool = serializers.CharField(max_length=100)
     args = serializers.JSONField()
     mode = serializers.CharField(max_length=16, required=False)
+    # The surface the call would come through (api, console, mcp); api when not given.
+    surface = serializers.CharField(max_length=16, required=False)
 
 
 class ExplainViewSet(ProjectScopedViewSet):
@@ -144,6 +152,7 @@ class ExplainViewSet(ProjectScopedViewSet):
         data.is_valid(raise_exception=True)
         values = data.validated_data
         mode = selectors.parse_mode(values.get("mode"))
+        surface = selectors.parse_surface(values.get("surface"))
         # Admitted as a request would be where the policy request depends on it (mcp.call:
         # the server and the recorded tool's danger), so explain answers what a request meets.
         tool, canonical, policy_request = tool_call_admitted(
@@ -160,6 +169,7 @@ class ExplainViewSet(ProjectScopedViewSet):
             mode=mode,
             policy_request=policy_request,
             canonical=canonical,
+            surface=surface,
         )
         effective, decision = judged.effective, judged.decision
         return Response(
@@ -174,10 +184,79 @@ class ExplainViewSet(ProjectScopedViewSet):
                 "versions": {
                     "environment": effective.environment_version,
                     "project": effective.project_version,
+                    "surface": effective.surface_version,
                 },
+                "surface": effective.surface_term(),
                 "explanation": render_decision(decision),
             }
         )
+
+
+def surface_body(surface: str, version) -> dict:
+    """One surface and its current policy; without one (``document`` null) it grants every
+    capability."""
+    return {
+        "name": surface,
+        **version_body(version, fallback_document=None),
+        "grants_everything": version is None,
+    }
+
+
+def known_surface(value: str) -> str:
+    if value not in selectors.SURFACES:
+        raise NotFound(
+            f"There is no surface {echo(value)!r}; the surfaces are "
+            f"{', '.join(selectors.SURFACES)}.",
+            details={"surface": list(selectors.SURFACES)},
+        )
+    return value
+
+
+class SurfaceListViewSet(OrgScopedViewSet):
+    """Every surface of the organization (api, console, mcp) with its current policy."""
+
+    scope_map = {"GET": READ}
+    queryset = SurfacePolicyVersion.objects.none()
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def list(self, request, *args, **kwargs):
+        return Response(
+            {
+                "surfaces": [
+                    surface_body(
+                        surface, selectors.surface_version_current(self.organization, surface)
+                    )
+                    for surface in selectors.SURFACES
+                ]
+            }
+        )
+
+
+class SurfacePolicyViewSet(OrgScopedViewSet):
+    """One surface's policy: a term of every effective policy of a call through it. Publishing
+    one is a person's act (``surface_policy_publish``), with the scope that publishes an
+    environment's policy."""
+
+    scope_map = {"GET": READ, "PUT": PUBLISH}
+    queryset = SurfacePolicyVersion.objects.none()
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def retrieve(self, request, *args, **kwargs):
+        surface = known_surface(kwargs["surface"])
+        return Response(
+            surface_body(surface, selectors.surface_version_current(self.organization, surface))
+        )
+
+    @extend_schema(request=POLICY_DOCUMENT, responses={200: OpenApiTypes.OBJECT})
+    def update(self, request, *args, **kwargs):
+        surface = known_surface(kwargs["surface"])
+        version = services.surface_policy_publish(
+            actor=self.principal,
+            organization=self.organization,
+            surface=surface,
+            document=request.data,
+        )
+        return Response(surface_body(surface, version))
 
 
 class ToolInventoryView(APIView):

@@ -14,13 +14,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kestrel_one.governance.judging import Judgement, call_judge, decide_call
+from kestrel_one.governance.judging import Judgement, call_judge, decide_effective
 from kestrel_one.governance.models import PolicyDraft
 from kestrel_one.governance.selectors import (
-    SURFACE_MASKS,
     EffectivePolicy,
     environment_ceiling,
+    parse_surface,
     policy_of,
+    surface_policy,
+    surface_version_current,
     token_mask,
 )
 from kestrel_one.governance.services import draft_owner
@@ -201,19 +203,23 @@ def draft_effective_policy(
     surface: str = "api",
 ) -> EffectivePolicy:
     """Environment ∩ Project ∩ surface ∩ mode ∩ token scope with a draft in one layer: the
-    meet ``effective_policy`` makes, of the layers given instead of the current versions."""
+    meet ``effective_policy`` makes, of the layers given instead of the current versions (the
+    surface's is the organization's current surface policy, as for a request)."""
+    surface = parse_surface(surface)
+    surface_version = surface_version_current(organization, surface)
+    on_surface = surface_policy(surface_version)
     layers = (
         [environment_policy] if project_policy is None else [environment_policy, project_policy]
     )
-    policy = meet_all(
-        *layers, SURFACE_MASKS[surface], mode_mask(mode), token_mask(principal, organization)
-    )
+    policy = meet_all(*layers, on_surface, mode_mask(mode), token_mask(principal, organization))
     return EffectivePolicy(
         policy=policy,
         mode=mode,
         surface=surface,
         environment_version=environment_version,
         project_version=project_version,
+        surface_version=surface_version.public_id if surface_version else None,
+        surface_policy=on_surface,
     )
 
 
@@ -236,10 +242,11 @@ def explain_published_and_draft(
     canonical: dict,
     environment_draft: Policy | None = None,
     project_draft: Policy | None = None,
+    surface: str = "api",
 ) -> Explanation:
     """Judge one call as ``explain`` does (``call_judge``) and as it would be under the
-    draft; ``project`` None asks about a project of ``environment`` without a policy of its
-    own."""
+    draft, on ``surface`` (the console asks about its own); ``project`` None asks about a
+    project of ``environment`` without a policy of its own."""
     if project is not None:
         published = call_judge(
             project=project,
@@ -247,6 +254,7 @@ def explain_published_and_draft(
             mode=mode,
             policy_request=policy_request,
             canonical=canonical,
+            surface=surface,
         )
     else:
         published = _judge(
@@ -259,6 +267,7 @@ def explain_published_and_draft(
             project_version=None,
             policy_request=policy_request,
             canonical=canonical,
+            surface=surface,
         )
     draft = None
     if environment_draft is not None or project_draft is not None:
@@ -277,6 +286,7 @@ def explain_published_and_draft(
             else _public_id(project.policy_version if project is not None else None),
             policy_request=policy_request,
             canonical=canonical,
+            surface=surface,
         )
     return Explanation(published=published, draft=draft)
 
@@ -287,11 +297,6 @@ def _public_id(version) -> str | None:
 
 def _judge(*, policy_request: Request, canonical: dict, **layers) -> Judgement:
     effective = draft_effective_policy(**layers)
-    decision = decide_call(
-        effective.policy,
-        policy_request,
-        canonical,
-        version=effective.version,
-        mode=effective.mode,
+    return Judgement(
+        effective=effective, decision=decide_effective(effective, policy_request, canonical)
     )
-    return Judgement(effective=effective, decision=decision)

@@ -152,7 +152,9 @@ def unknown_tool_message(tool_name) -> str:
     )
 
 
-def decide_call(policy: Policy, request: Request, args, *, version: str, mode: Mode) -> Decision:
+def decide_call(
+    policy: Policy, request: Request, args, *, version: str, mode: Mode | None
+) -> Decision:
     """Judge a call: its own request, then ``fs.read`` on each file it declares as output.
 
     A declared output comes back to the control plane whole and is kept as an artifact, so
@@ -192,6 +194,28 @@ class Judgement:
     decision: Decision
 
 
+def decide_effective(effective: EffectivePolicy, request: Request, canonical) -> Decision:
+    """Judge a call under ``effective`` (``decide_call``); a denial that the surface's own
+    policy makes says so first, naming the surface and its version, so that a call allowed
+    through the API and denied through MCP explains why."""
+    decision = decide_call(
+        effective.policy, request, canonical, version=effective.version, mode=effective.mode
+    )
+    if decision.outcome != DENY or effective.surface_version is None:
+        return decision
+    on_surface = decide_call(
+        effective.surface_policy, request, canonical, version=effective.version, mode=None
+    )
+    if on_surface.outcome != DENY:
+        return decision
+    term = f"the {effective.surface} surface policy ({effective.surface_version})"
+    if effective.surface_policy.grant(request.capability) is None:
+        reason = f"{request.capability} is not granted by {term}"
+    else:
+        reason = f"{term} does not allow this call: " + "; ".join(on_surface.reasons)
+    return Decision(DENY, decision.capability, (reason, *decision.reasons), decision.policy_version)
+
+
 def call_judge(
     *, project, principal, mode: Mode, policy_request: Request, canonical, surface: str = "api"
 ) -> Judgement:
@@ -199,7 +223,6 @@ def call_judge(
     both an action request (``execution.services.action_request``) and ``explain`` run, so
     explain answers exactly what a request would meet."""
     effective = effective_policy(project=project, principal=principal, mode=mode, surface=surface)
-    decision = decide_call(
-        effective.policy, policy_request, canonical, version=effective.version, mode=mode
+    return Judgement(
+        effective=effective, decision=decide_effective(effective, policy_request, canonical)
     )
-    return Judgement(effective=effective, decision=decision)

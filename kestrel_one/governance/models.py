@@ -116,3 +116,47 @@ class PolicyDraft(models.Model):
             else f"project {self.project_id}"
         )
         return f"draft of {owner} ({self.sha256[:12]})"
+
+
+class Surface(models.TextChoices):
+    """The surfaces a request can come through; each is one term of the effective policy."""
+
+    API = "api", "REST API"
+    CONSOLE = "console", "Console"
+    MCP = "mcp", "MCP endpoint"
+
+
+class SurfacePolicyVersion(models.Model):
+    """One published policy of one surface of an organization; never changed after.
+
+    The surface's current policy is its newest version; with none, the surface grants every
+    capability. Like ``PolicyVersion`` the database refuses an ``UPDATE``, and a ``DELETE``
+    outside ``erasing("policy")`` (governance migration 0004).
+    """
+
+    public_id = PublicIdField("spv")
+    organization = models.ForeignKey(
+        "tenancy.Organization", on_delete=models.CASCADE, related_name="surface_policy_versions"
+    )
+    surface = models.CharField(max_length=16, choices=Surface.choices)
+    # The canonical document (policies.Policy.to_document()) and the SHA-256 of its
+    # canonical JSON.
+    document = models.JSONField()
+    sha256 = models.CharField(max_length=64)
+    # The version of the same organization and surface this one replaced.
+    previous = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+"
+    )
+    created_by = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "surface", "-id"])]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.surface}, {self.sha256[:12]})"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("policy versions are immutable; publish a new version instead")
+        super().save(*args, **kwargs)

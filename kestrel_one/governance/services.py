@@ -8,10 +8,15 @@ from django.conf import settings
 from django.db import transaction
 
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import Conflict, KestrelError, ValidationFailed
-from kestrel_one.governance.models import PolicyDraft, PolicyVersion
-from kestrel_one.governance.selectors import environment_ceiling, policy_of
-from kestrel_one.tenancy.models import Environment, Project
+from kestrel_one.common.errors import Conflict, KestrelError, PermissionDenied, ValidationFailed
+from kestrel_one.governance.models import PolicyDraft, PolicyVersion, SurfacePolicyVersion
+from kestrel_one.governance.selectors import (
+    environment_ceiling,
+    parse_surface,
+    policy_of,
+    surface_version_current,
+)
+from kestrel_one.tenancy.models import Environment, Organization, Project
 from kestrel_one.webhooks.services import webhook_emit_policy_published
 from policies import DocumentLimits, PolicyError, PolicyTooLarge, parse_policy_json, widenings
 
@@ -223,4 +228,54 @@ def policy_draft_publish(
     else:
         version = policy_publish_project(actor=actor, project=owner, document=document)
     draft.delete()
+    return version
+
+
+@transaction.atomic
+def surface_policy_publish(
+    *, actor, organization: Organization, surface: str, document: bytes | dict
+) -> SurfacePolicyVersion:
+    """Publish what ``surface`` (api, console, mcp) may use in ``organization``: one term of
+    every effective policy there, so a narrower one narrows every request through that
+    surface at once, and queued actions decided under the old one are decided again.
+
+    A person's act, like every change of authority: an integration token, the local agent or
+    an MCP client cannot make it, whatever scope it holds (the caller's scope was checked
+    already). The document is held to what an environment policy is (``_parse``).
+    """
+    surface = parse_surface(surface)
+    if not getattr(actor, "is_person", False):
+        raise PermissionDenied(
+            "Only a person can publish a surface policy; sign in to the console or use your "
+            "own API token."
+        )
+    policy = _parse(document)
+    # Locked FOR UPDATE, the row every decider holds FOR KEY SHARE (policy_versions_lock):
+    # a decision in this organization happens before this version or is made under it.
+    organization = Organization.objects.select_for_update().get(pk=organization.pk)
+    current = surface_version_current(organization, surface)
+    sha256 = policy.sha256()
+    if current is not None and current.sha256 == sha256:
+        return current  # publishing the same document again changes nothing
+    version = SurfacePolicyVersion.objects.create(
+        organization=organization,
+        surface=surface,
+        document=policy.to_document(),
+        sha256=sha256,
+        previous=current,
+        created_by=actor.actor_id,
+    )
+    audit_record(
+        organization=organization,
+        actor=actor,
+        action="surface_policy.publish",
+        target=version,
+        data={
+            "surface": surface,
+            "version": version.public_id,
+            "sha256": sha256,
+            "previous_version": current.public_id if current else None,
+            "previous_sha256": current.sha256 if current else None,
+        },
+    )
     return version

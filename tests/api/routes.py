@@ -208,6 +208,8 @@ KWARGS: dict[str, dict[str, Filler]] = {
     "api:project-policy": {"prj": lambda w: w.project.public_id},
     "api:project-effective-policy": {"prj": lambda w: w.project.public_id},
     "api:project-explain": {"prj": lambda w: w.project.public_id},
+    "api:surface-list": {},
+    "api:surface-policy": {"surface": lambda w: "mcp"},
     "api:runner-list": {},
     "api:audit-list": {},
     "api:audit-head": {},
@@ -281,6 +283,7 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
     ("api:environment-policy", "put"): lambda w: READ_ONLY_POLICY,
     ("api:project-policy", "put"): lambda w: READ_ONLY_POLICY,
     ("api:project-explain", "post"): lambda w: {"tool": "fs.read", "args": {"path": "README.md"}},
+    ("api:surface-policy", "put"): lambda w: READ_ONLY_POLICY,
     ("api:webhook-list", "post"): lambda w: {
         "url": "https://hooks.example.com/new",
         "event_types": ["action.awaiting_approval"],

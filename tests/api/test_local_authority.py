@@ -26,6 +26,7 @@ AUTHORITY = {
     ("api:plan-accept", "post"),
     ("api:environment-policy", "put"),
     ("api:project-policy", "put"),
+    ("api:surface-policy", "put"),
     ("api:member-list", "post"),
     ("api:member-detail", "patch"),
     ("api:member-detail", "delete"),

@@ -273,6 +273,23 @@ def _policy_pages() -> dict[str, Page]:
 
 POLICY: dict[str, Page] = _policy_pages()
 
+# The surface policies (kestrel_one/console/surfaces.py): everyone reads them; owners and
+# admins publish (policies:write), in sudo mode.
+SURFACES: dict[str, Page] = {
+    "console_surfaces": Page(
+        posts=(
+            Post(
+                body=lambda world: {
+                    "surface": "mcp",
+                    "document": json.dumps({"capabilities": {"fs.read": {"paths": ["**"]}}}),
+                },
+                expect={"viewer": 403, "member": 403, "limited": 403, "admin": 303},
+                sudo=True,
+            ),
+        )
+    ),
+}
+
 
 def _made(world, name: str, make: Callable[[], object]):
     """An object a page needs that the shared world does not hold, made once per world."""
@@ -708,6 +725,7 @@ PAGES: dict[str, Page] = {
     **DASHBOARD,
     **APPROVALS,
     **POLICY,
+    **SURFACES,
     **ADMINISTRATION,
     **GATEWAY,
     **CREDENTIALS,

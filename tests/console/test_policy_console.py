@@ -367,13 +367,19 @@ def test_explain_judges_a_call_under_the_published_policy_and_under_the_draft(wo
 
     fragment = owner.get(prj_url(world, "/explain"), query, HTTP_HX_REQUEST="true")
     assert fragment.status_code == 200 and "<html" not in fragment.content.decode()
-    # Same judgement as the API's explain.
+    # Same judgement as the API's explain of a call from the console (the console judges on
+    # its own surface).
     api = (
         world["owner"]
         .client()
         .post(
             f"/api/v1/orgs/acme/projects/{world.project.public_id}/explain",
-            {"tool": "fs.read", "args": {"path": "docs/x.md"}, "mode": "agent"},
+            {
+                "tool": "fs.read",
+                "args": {"path": "docs/x.md"},
+                "mode": "agent",
+                "surface": "console",
+            },
             format="json",
         )
     )
