@@ -152,6 +152,7 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "django_htmx",
+    "oauth2_provider",
     "kestrel_one.accounts",
     "kestrel_one.tenancy",
     "kestrel_one.audit",
@@ -168,6 +169,7 @@ INSTALLED_APPS = [
     "kestrel_one.sandbox_broker",
     "kestrel_one.api",
     "kestrel_one.local",
+    "kestrel_one.oauth",
     "kestrel_one.console",
 ]
 
@@ -406,6 +408,52 @@ if KESTREL_PUBLIC_URL is not None:
             "KESTREL_PUBLIC_URL must be an http(s) address such as https://kestrel.example.com, "
             f"got {KESTREL_PUBLIC_URL!r}"
         )
+
+# OAuth for MCP clients (docs/mcp-endpoint.md, "OAuth"). The access token a client gets is an
+# ordinary API token of the consenting person, limited to one Project; it lives this long and
+# is renewed with the refresh token, which lives (unused) this long.
+KESTREL_OAUTH_ACCESS_TOKEN_TTL = timedelta(
+    seconds=env_int("KESTREL_OAUTH_ACCESS_TOKEN_SECONDS", 3600)
+)
+KESTREL_OAUTH_REFRESH_TOKEN_TTL = timedelta(days=env_int("KESTREL_OAUTH_REFRESH_TOKEN_DAYS", 30))
+KESTREL_OAUTH_CODE_TTL = timedelta(seconds=60)
+# Dynamic client registration: at most this many clients an hour from one address / overall.
+KESTREL_OAUTH_REGISTRATIONS_PER_ADDRESS_HOUR = env_int(
+    "KESTREL_OAUTH_REGISTRATIONS_PER_ADDRESS_HOUR", 20
+)
+KESTREL_OAUTH_REGISTRATIONS_PER_HOUR = env_int("KESTREL_OAUTH_REGISTRATIONS_PER_HOUR", 500)
+if not timedelta(minutes=1) <= KESTREL_OAUTH_ACCESS_TOKEN_TTL <= timedelta(days=1):
+    raise ImproperlyConfigured("KESTREL_OAUTH_ACCESS_TOKEN_SECONDS must be between 60 and 86400")
+# django-oauth-toolkit runs the protocol; kestrel_one.oauth.validators stores what it issues.
+OAUTH2_PROVIDER = {
+    "OAUTH2_VALIDATOR_CLASS": "kestrel_one.oauth.validators.KestrelOAuth2Validator",
+    "SCOPES": {
+        "projects:read": "Read threads, actions, events and receipts of the Project.",
+        "projects:write": "Create threads and request actions in the Project.",
+    },
+    "DEFAULT_SCOPES": ["projects:read", "projects:write"],
+    "PKCE_REQUIRED": True,
+    # Registration (kestrel_one.oauth.registration) admits https, and http on loopback only
+    # (RFC 8252); this DOT setting reaches only DOT's own views, which are not mounted.
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["https"],
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": int(KESTREL_OAUTH_CODE_TTL.total_seconds()),
+    "ACCESS_TOKEN_EXPIRE_SECONDS": int(KESTREL_OAUTH_ACCESS_TOKEN_TTL.total_seconds()),
+    "ROTATE_REFRESH_TOKEN": True,
+    "REQUEST_APPROVAL_PROMPT": "force",
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    # RFC 9207: the redirect names this issuer, the one the metadata publishes.
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
+    "OIDC_ISS_ENDPOINT": KESTREL_PUBLIC_URL or "",
+    # Kestrel's refresh tokens (kestrel_one.oauth) end their grant when replayed.
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+}
+
+# DOT's default models, named so migrations depending on them resolve (DOT's swappable setting).
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
 
 # Execution. The control plane signs commands with this Ed25519 key; runners hold only its
 # public half. Hosted mode names the file; single-host generates one in the data folder.

@@ -12,6 +12,8 @@ urlpatterns = [
         name="set_password",
     ),
     path("logout", account_views.logout_view, name="logout"),
+    # Before the console: /console/oauth/authorize is the OAuth consent page, not an org.
+    path("", include("kestrel_one.oauth.urls")),
     path("", include("kestrel_one.console.urls")),
     path("", account_views.home, name="home"),
     path("admin/", admin.site.urls),

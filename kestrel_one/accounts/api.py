@@ -20,8 +20,8 @@ class TokenSerializer(serializers.ModelSerializer):
     person = serializers.SerializerMethodField()
     integration = serializers.BooleanField(source="is_integration", read_only=True)
     projects = serializers.SerializerMethodField(
-        help_text="An integration token's projects; null: every project (for a person's "
-        "token, null: the person's projects)."
+        help_text="The projects the token sees; null: every project for an integration token, "
+        "the person's projects for a person's token (one limited to projects lists them)."
     )
     parent = serializers.SerializerMethodField(
         help_text="The token that made this one; null when made from the console or server."
@@ -50,7 +50,9 @@ class TokenSerializer(serializers.ModelSerializer):
         return token.user.email if token.user_id else None
 
     def get_projects(self, token) -> list[str] | None:
-        if not token.is_integration or token.all_projects:
+        if token.is_integration and token.all_projects:
+            return None
+        if not token.is_integration and not token.limited_to_projects:
             return None
         return sorted(p.public_id for p in token.projects.all())
 

@@ -83,6 +83,9 @@ class ApiToken(models.Model):
     # the organization, or exactly ``projects``. Neither: none (fail closed).
     all_projects = models.BooleanField(default=False)
     projects = models.ManyToManyField("tenancy.Project", blank=True, related_name="+")
+    # A person's token only: set, it sees only ``projects`` among the person's own (a token an
+    # MCP client got through OAuth for one project); unset, every project the person sees.
+    limited_to_projects = models.BooleanField(default=False)
     # Integration tokens only: the named checks this token may record verifications as.
     checks = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)

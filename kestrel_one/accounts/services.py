@@ -50,6 +50,7 @@ def token_create(
     user: User | None = None,
     projects: Any = AS_CREATOR,
     checks: list[str] | None = None,
+    limit_to_projects: list | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its plaintext, which is never stored or shown again.
 
@@ -59,7 +60,8 @@ def token_create(
     (None: every project; left out: what its creator sees), never more than its creator, and
     may record verifications as ``checks``. ``user`` is only for trusted callers (the
     bootstrap command); API callers get a token for themselves or, with ``integration``, for
-    no person.
+    no person. ``limit_to_projects`` is for trusted callers too (the OAuth token endpoint): a
+    person's token that sees only those projects, each one the person sees.
     """
     bad = unknown_scopes(scopes)
     if bad:
@@ -106,9 +108,17 @@ def token_create(
             "This caller is not a person; ask for an integration token instead.",
             details={"integration": ["required for a caller that is not a person"]},
         )
-    all_projects, chosen = (
-        _token_projects(actor, organization, projects) if integration else (False, [])
-    )
+    if limit_to_projects is not None and (integration or not limit_to_projects):
+        raise ValidationFailed(
+            "limit_to_projects names at least one project, and only for a person's token.",
+            details={"projects": ["a person's token limited to no project sees nothing"]},
+        )
+    if integration:
+        all_projects, chosen = _token_projects(actor, organization, projects)
+    elif limit_to_projects is not None:
+        all_projects, chosen = _token_projects(actor, organization, limit_to_projects)
+    else:
+        all_projects, chosen = False, []
     checks = sorted(set(checks or []))
     _check_bindable(actor, checks)
     plaintext, key_id, secret_hash = tokens.generate()
@@ -122,6 +132,7 @@ def token_create(
         secret_hash=secret_hash,
         scopes=sorted(set(scopes)),
         all_projects=all_projects,
+        limited_to_projects=limit_to_projects is not None,
         checks=checks,
         expires_at=expires_at,
     )
@@ -137,6 +148,8 @@ def token_create(
     if integration:
         data["projects"] = "all" if all_projects else sorted(p.public_id for p in chosen)
         data["checks"] = checks
+    elif limit_to_projects is not None:
+        data["projects"] = sorted(p.public_id for p in chosen)
     audit_record(
         organization=organization, actor=actor, action="token.create", target=token, data=data
     )
@@ -170,7 +183,8 @@ def _token_expiry(actor: Principal, expires_at: datetime | None) -> datetime:
 
 
 def _token_projects(actor: Principal, organization, projects) -> tuple[bool, list]:
-    """(all_projects, projects) for an integration token: never wider than its creator's.
+    """(all_projects, projects) for an integration token (or a person's token limited to
+    projects): never wider than its creator's.
 
     ``organization.projects`` is tenancy's ProjectQuerySet (through the reverse relation, so
     accounts names no tenancy module); its ``limit_of`` is None when the creator sees every

@@ -47,6 +47,7 @@ from kestrel_one.execution.selectors import (
     plan_step_uses,
     thread_actions,
 )
+from kestrel_one.mcp_endpoint.selectors import open_sessions
 from kestrel_one.tenancy.models import Project
 from kestrel_one.tenancy.selectors import project_visible
 from kestrel_one.threads.api import EventSerializer
@@ -275,6 +276,10 @@ class ProjectPageMixin:
             self.thread = thread
 
 
+# The project page lists this many of its open MCP sessions, most recently used first.
+MCP_SESSIONS_SHOWN = 20
+
+
 class ProjectView(ProjectPageMixin, ConsoleView):
     """``/console/{org}/projects/{prj}/``: the project's threads, newest first."""
 
@@ -283,8 +288,15 @@ class ProjectView(ProjectPageMixin, ConsoleView):
     def get(self, request, org: str, prj: str):
         threads = Thread.objects.filter(project=self.project).order_by("-created_at", "-pk")
         page = page_of(threads, request.GET.get("page"), per_page=THREADS_PER_PAGE)
+        base = settings.KESTREL_PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
         return self.page(
-            "console/dashboard/project.html", {"project": self.project, "threads": page}
+            "console/dashboard/project.html",
+            {
+                "project": self.project,
+                "threads": page,
+                "mcp_url": f"{base}/api/v1/orgs/{org}/projects/{self.project.public_id}/mcp",
+                "mcp_sessions": open_sessions(self.project)[:MCP_SESSIONS_SHOWN],
+            },
         )
 
 

@@ -29,6 +29,7 @@ from kestrel_one.common.errors import KestrelError
 from kestrel_one.governance.selectors import parse_mode
 from kestrel_one.mcp_endpoint import bridge
 from kestrel_one.mcp_endpoint.models import McpSession
+from kestrel_one.mcp_endpoint.selectors import open_sessions
 from kestrel_one.mcp_endpoint.server import Caller, build_server
 from kestrel_one.threads.models import Thread
 from policies import Mode
@@ -151,16 +152,9 @@ class McpEndpointViewSet(ProjectScopedViewSet):
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None:
             return None
-        idle = timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS)
         session = (
-            McpSession.objects.select_related("thread")
-            .filter(
-                public_id=session_id[:40],
-                project=self.project,
-                actor_id=self.principal.actor_id,
-                ended_at__isnull=True,
-                last_seen_at__gte=timezone.now() - idle,
-            )
+            open_sessions(self.project)
+            .filter(public_id=session_id[:40], actor_id=self.principal.actor_id)
             .first()
         )
         if session is None:

@@ -112,23 +112,27 @@ class ProjectQuerySet(models.QuerySet):
 
         A member (and the local agent, through the local owner) follows its membership: all
         projects, or those granted to it by object permission. An integration token follows
-        its own explicit set (``ApiToken.all_projects`` / ``projects``). Anyone else, a token
-        of another organization included, sees nothing; only an operator's command (SYSTEM)
-        sees everything without either. Fail closed.
+        its own explicit set (``ApiToken.all_projects`` / ``projects``). A person's token
+        limited to projects (``ApiToken.limited_to_projects``) sees those of the person's.
+        Anyone else, a token of another organization included, sees nothing; only an
+        operator's command (SYSTEM) sees everything without either. Fail closed.
         """
         qs = self.for_org(organization)
         if principal.kind == PrincipalKind.SYSTEM:
             return None
+        token = principal.token
         membership = principal.membership_in(organization)
         if membership is not None:
-            if membership.all_projects:
-                return None
-            return qs.filter(
-                pk__in=ProjectUserObjectPermission.objects.filter(
-                    user=membership.user, permission__codename="view_project"
-                ).values("content_object_id")
-            )
-        token = principal.token
+            limit = None
+            if not membership.all_projects:
+                limit = qs.filter(
+                    pk__in=ProjectUserObjectPermission.objects.filter(
+                        user=membership.user, permission__codename="view_project"
+                    ).values("content_object_id")
+                )
+            if token is not None and token.user_id is not None and token.limited_to_projects:
+                limit = (qs if limit is None else limit).filter(pk__in=token.projects.values("pk"))
+            return limit
         if (
             principal.user is None
             and token is not None

@@ -329,3 +329,27 @@ def test_an_ended_thread_with_nothing_in_flight_is_not_polled(world):
     # The world's thread still has an action awaiting approval: watched even once ended.
     thread_end(actor=world.agent, thread=world.thread)
     assert "hx-get" in client.get(timeline_url(world)).content.decode()
+
+
+def test_the_project_page_says_how_to_connect_an_mcp_client_and_lists_open_sessions(world):
+    url = f"/api/v1/orgs/acme/projects/{world.project.public_id}/mcp"
+    client = world["member"].client()
+    initialized = client.post(
+        url,
+        data=(
+            '{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion":'
+            ' "2025-11-25", "capabilities": {}, "clientInfo": {"name": "cursor", "version": "1"}}}'
+        ),
+        content_type="application/json",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+    assert initialized.status_code == 200, initialized.content
+    session = initialized["Mcp-Session-Id"]
+    page = signed_in(world["viewer"].user).get(f"/console/acme/projects/{world.project.public_id}/")
+    html = page.content.decode()
+    assert f"http://testserver{url}" in html
+    assert session in html and "cursor" in html
+    # An ended session is not listed.
+    client.delete(url, HTTP_MCP_SESSION_ID=session)
+    html = signed_in(world["viewer"].user).get(f"/console/acme/projects/{world.project.public_id}/")
+    assert session not in html.content.decode()

@@ -1,0 +1,418 @@
+"""The whole OAuth flow an MCP client needs, over real HTTP: discovery from the endpoint's
+401, registration, a person's consent, the code exchange with the PKCE verifier, the token
+on the REST API and the MCP endpoint of that one Project, refresh and revocation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kestrel_one.accounts.models import ApiToken
+from kestrel_one.audit.models import AuditRecord
+from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
+from tests.oauth.flow import (
+    REDIRECT_URI,
+    Pkce,
+    authorize_path,
+    bearer,
+    browser,
+    consent,
+    exchange,
+    http,
+    mcp_path,
+    redirect_params,
+    register,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ACCEPT = "application/json, text/event-stream"
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "oauth-test", "version": "1"},
+    },
+}
+
+
+def mcp_initialize(client, project, token):
+    return client.post(
+        mcp_path(project),
+        json=INITIALIZE,
+        headers={**bearer(token), "Accept": ACCEPT, "MCP-Protocol-Version": "2025-11-25"},
+    )
+
+
+def connect(live_server, world, person="member"):
+    """Register, consent as ``person`` and exchange the code: (client, client_id, tokens)."""
+    client = http(live_server.url)
+    client_id = register(client)
+    pkce = Pkce.make()
+    resource = live_server.url + mcp_path(world.project)
+    answer = consent(
+        browser(live_server.url, world[person].user), authorize_path(client_id, resource, pkce)
+    )
+    code = redirect_params(answer)["code"]
+    response = exchange(client, client_id, code, pkce.verifier, resource=resource)
+    assert response.status_code == 200, response.text
+    return client, client_id, response.json()
+
+
+@pytest.mark.spec("API-1")
+@pytest.mark.spec("POL-5")
+def test_an_mcp_client_discovers_registers_gets_consent_and_uses_its_token(live_server, world):
+    client = http(live_server.url)
+    origin = live_server.url
+    endpoint = origin + mcp_path(world.project)
+
+    # Discovery: the endpoint's 401 names the resource metadata, which names this server.
+    refused = client.post(mcp_path(world.project), json=INITIALIZE, headers={"Accept": ACCEPT})
+    assert refused.status_code == 401
+    challenge = refused.headers["www-authenticate"]
+    metadata_url = re.search(r'resource_metadata="([^"]+)"', challenge)[1]
+    assert metadata_url == (
+        f"{origin}/.well-known/oauth-protected-resource{mcp_path(world.project)}"
+    )
+    resource = client.get(metadata_url).json()
+    assert resource["resource"] == endpoint
+    assert resource["authorization_servers"] == [origin]
+    assert resource["scopes_supported"] == ["projects:read", "projects:write"]
+    assert resource["bearer_methods_supported"] == ["header"]
+    server = client.get(f"{origin}/.well-known/oauth-authorization-server").json()
+    assert server["issuer"] == origin
+    assert server["authorization_endpoint"] == f"{origin}/console/oauth/authorize"
+    assert server["code_challenge_methods_supported"] == ["S256"]
+    assert server["token_endpoint_auth_methods_supported"] == ["none"]
+    assert server["grant_types_supported"] == ["authorization_code", "refresh_token"]
+    assert server["response_types_supported"] == ["code"]
+
+    registered = client.post(
+        server["registration_endpoint"],
+        json={
+            "client_name": "Claude-ish",
+            "redirect_uris": [REDIRECT_URI],
+            "token_endpoint_auth_method": "none",
+        },
+    )
+    assert registered.status_code == 201, registered.text
+    client_id = registered.json()["client_id"]
+    assert "client_secret" not in registered.json()
+
+    pkce = Pkce.make()
+    path = authorize_path(client_id, endpoint, pkce)
+    # Not signed in: to the sign-in page, which comes back here.
+    anonymous = client.get(path)
+    assert anonymous.status_code == 302
+    assert anonymous.headers["location"].startswith("/login?next=/console/oauth/authorize")
+
+    person = browser(origin, world["member"].user)
+    page = person.get(path)
+    assert page.status_code == 200
+    for shown in ("Claude-ish", world.org.name, world.project.name, "127.0.0.1:8765"):
+        assert shown in page.text
+    assert "projects:write" in page.text and "actions:approve" not in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    answer = consent(person, path)
+    params = redirect_params(answer)
+    assert params["state"] == "st-123"
+    assert params["iss"] == origin  # RFC 9207, the issuer the metadata names
+    # Only the code's digest is stored.
+    assert not AuthorizationCode.objects.filter(code_hash=params["code"]).exists()
+
+    tokens = exchange(client, client_id, params["code"], pkce.verifier, resource=endpoint)
+    assert tokens.status_code == 200, tokens.text
+    assert tokens.headers["cache-control"] == "no-store"
+    body = tokens.json()
+    access = body["access_token"]
+    assert access.startswith("kst_")
+    assert body["token_type"] == "Bearer"
+    assert body["expires_in"] == 3600
+    assert body["scope"] == "projects:read projects:write"
+    token = ApiToken.objects.get(key_id=access.split("_")[1])
+    assert token.user == world["member"].user
+    assert token.limited_to_projects and list(token.projects.all()) == [world.project]
+    assert sorted(token.scopes) == ["projects:read", "projects:write"]
+    grant = OAuthGrant.objects.get(api_token=token)
+    assert body["refresh_token"] not in {grant.refresh_hash}
+    assert AuditRecord.objects.filter(action="oauth.consent", organization=world.org).exists()
+
+    # The REST API of that Project, and nothing else.
+    org, prj = world.org.slug, world.project.public_id
+    threads = f"/api/v1/orgs/{org}/projects/{prj}/threads"
+    assert client.get(threads, headers=bearer(access)).status_code == 200
+    other = client.get(
+        f"/api/v1/orgs/{org}/projects/{world.other_project.public_id}/threads",
+        headers=bearer(access),
+    )
+    assert other.status_code == 404
+    # It can never approve: that stays with the person.
+    act = world.action
+    approve = client.post(
+        f"/api/v1/orgs/{org}/projects/{prj}/threads/{act.thread.public_id}/actions/"
+        f"{act.public_id}/approve",
+        json={},
+        headers=bearer(access),
+    )
+    assert approve.status_code == 403, approve.text
+    # The MCP endpoint accepts it.
+    assert mcp_initialize(client, world.project, access).status_code == 200
+    assert mcp_initialize(client, world.other_project, access).status_code == 404
+
+    # It is on the person's tokens page, like every token.
+    tokens_page = person.get(f"/console/{org}/tokens")
+    assert "OAuth: Claude-ish" in tokens_page.text
+
+    # Refresh: a fresh token, the previous one revoked, the refresh token rotated.
+    refreshed = client.post(
+        "/oauth/token",
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": body["refresh_token"],
+            "client_id": client_id,
+        },
+    )
+    assert refreshed.status_code == 200, refreshed.text
+    fresh = refreshed.json()
+    assert fresh["access_token"] != access and fresh["refresh_token"] != body["refresh_token"]
+    assert client.get(threads, headers=bearer(access)).status_code == 401
+    assert (client.get(threads, headers=bearer(fresh["access_token"]))).status_code == 200
+    # Revocation ends the consent: the access token and the refresh token stop working.
+    revoked = client.post(
+        "/oauth/revoke", data={"token": fresh["access_token"], "client_id": client_id}
+    )
+    assert revoked.status_code == 200
+    assert (client.get(threads, headers=bearer(fresh["access_token"]))).status_code == 401
+    after = client.post(
+        "/oauth/token",
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": fresh["refresh_token"],
+            "client_id": client_id,
+        },
+    )
+    assert after.status_code == 400
+
+
+def test_a_viewer_gets_a_read_only_token(live_server, world):
+    _client, _client_id, tokens = connect(live_server, world, person="viewer")
+    assert tokens["scope"] == "projects:read"
+    token = ApiToken.objects.get(key_id=tokens["access_token"].split("_")[1])
+    assert token.scopes == ["projects:read"]
+
+
+def test_denying_sends_the_client_access_denied_and_no_code(live_server, world):
+    client = http(live_server.url)
+    client_id = register(client)
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), Pkce.make())
+    answer = consent(browser(live_server.url, world["member"].user), path, decision="deny")
+    assert redirect_params(answer)["error"] == "access_denied"
+    assert not AuthorizationCode.objects.exists()
+
+
+def test_wrong_verifier_is_refused_and_burns_the_code(live_server, world):
+    client = http(live_server.url)
+    client_id = register(client)
+    pkce = Pkce.make()
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), pkce)
+    code = redirect_params(consent(browser(live_server.url, world["member"].user), path))["code"]
+    wrong = exchange(client, client_id, code, Pkce.make().verifier)
+    assert wrong.status_code == 400 and wrong.json()["error"] == "invalid_grant"
+    # One attempt per code: the right verifier no longer helps.
+    assert exchange(client, client_id, code, pkce.verifier).status_code == 400
+    assert not ApiToken.objects.filter(name__startswith="OAuth:").exists()
+
+
+@pytest.mark.parametrize("method", ["plain", None])
+def test_plain_or_missing_pkce_method_is_refused(live_server, world, method):
+    client = http(live_server.url)
+    client_id = register(client)
+    path = authorize_path(
+        client_id, live_server.url + mcp_path(world.project), Pkce.make(), method=method
+    )
+    answer = browser(live_server.url, world["member"].user).get(path)
+    params = redirect_params(answer)
+    assert params["error"] == "invalid_request" and "S256" in params["error_description"]
+
+
+def test_no_pkce_at_all_is_refused(live_server, world):
+    client = http(live_server.url)
+    client_id = register(client)
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), None)
+    answer = browser(live_server.url, world["member"].user).get(path)
+    assert redirect_params(answer)["error"] == "invalid_request"
+
+
+def test_an_unregistered_redirect_uri_gets_an_error_page_not_a_redirect(live_server, world):
+    client = http(live_server.url)
+    client_id = register(client)
+    path = authorize_path(
+        client_id,
+        live_server.url + mcp_path(world.project),
+        Pkce.make(),
+        redirect_uri="https://attacker.example/callback",
+    )
+    answer = browser(live_server.url, world["member"].user).get(path)
+    assert answer.status_code == 400
+    assert "attacker.example" not in answer.headers.get("location", "")
+
+
+def test_the_code_is_bound_to_its_redirect_uri(live_server, world):
+    client = http(live_server.url)
+    second = "http://localhost:9999/other"
+    client_id = register(client, redirect_uris=[REDIRECT_URI, second])
+    pkce = Pkce.make()
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), pkce)
+    code = redirect_params(consent(browser(live_server.url, world["member"].user), path))["code"]
+    mismatch = exchange(client, client_id, code, pkce.verifier, redirect_uri=second)
+    assert mismatch.status_code == 400
+
+
+def test_a_reused_code_is_refused_and_revokes_what_it_gave(live_server, world):
+    client = http(live_server.url)
+    client_id = register(client)
+    pkce = Pkce.make()
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), pkce)
+    code = redirect_params(consent(browser(live_server.url, world["member"].user), path))["code"]
+    first = exchange(client, client_id, code, pkce.verifier)
+    assert first.status_code == 200
+    access = first.json()["access_token"]
+    second = exchange(client, client_id, code, pkce.verifier)
+    assert second.status_code == 400 and second.json()["error"] == "invalid_grant"
+    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
+    assert client.get(url, headers=bearer(access)).status_code == 401
+
+
+def test_another_clients_code_is_refused(live_server, world):
+    client = http(live_server.url)
+    client_id = register(client)
+    other_id = register(client)
+    pkce = Pkce.make()
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), pkce)
+    code = redirect_params(consent(browser(live_server.url, world["member"].user), path))["code"]
+    assert exchange(client, other_id, code, pkce.verifier).status_code == 400
+
+
+@pytest.mark.parametrize(
+    "resource",
+    [
+        "foreign",  # another organization's Project
+        "hidden",  # a Project of the organization this member is not granted
+        "elsewhere",  # another server's URL
+        "not-mcp",  # a Kestrel URL that is not an MCP endpoint
+    ],
+)
+def test_a_resource_the_person_cannot_see_is_an_error_page(live_server, world, resource):
+    person = "limited" if resource == "hidden" else "member"
+    url = {
+        "foreign": live_server.url + mcp_path(world.foreign_project),
+        "hidden": live_server.url + mcp_path(world.project),
+        "elsewhere": "https://evil.example" + mcp_path(world.project),
+        "not-mcp": live_server.url + f"/api/v1/orgs/{world.org.slug}/projects",
+    }[resource]
+    client = http(live_server.url)
+    client_id = register(client)
+    answer = browser(live_server.url, world[person].user).get(
+        authorize_path(client_id, url, Pkce.make())
+    )
+    assert answer.status_code == 404
+    assert "not the MCP endpoint of a Project you can see" in answer.text
+    assert world.foreign_project.name not in answer.text
+    assert not AuthorizationCode.objects.exists()
+
+
+def test_the_consent_form_needs_its_csrf_token(live_server, world):
+    client = http(live_server.url)
+    client_id = register(client)
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), Pkce.make())
+    forged = browser(live_server.url, world["member"].user).post(path, data={"decision": "allow"})
+    assert forged.status_code == 403
+    assert not AuthorizationCode.objects.exists()
+
+
+def test_revoking_the_token_on_the_tokens_page_ends_the_grant(live_server, world):
+    client, client_id, tokens = connect(live_server, world)
+    token = ApiToken.objects.get(key_id=tokens["access_token"].split("_")[1])
+    from kestrel_one.accounts.principal import Principal, PrincipalKind
+    from kestrel_one.accounts.services import token_revoke
+
+    token_revoke(actor=Principal(PrincipalKind.SESSION, user=world["member"].user), token=token)
+    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
+    assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 401
+    # The refresh token does not bring it back.
+    refreshed = client.post(
+        "/oauth/token",
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": tokens["refresh_token"],
+            "client_id": client_id,
+        },
+    )
+    assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
+    assert OAuthGrant.objects.get().revoked_at is not None
+
+
+def test_a_person_removed_from_the_project_cannot_refresh(live_server, world):
+    from guardian.shortcuts import assign_perm, remove_perm
+
+    limited = world["limited"]
+    assign_perm("tenancy.view_project", limited.user, world.project)
+    client, client_id, tokens = connect(live_server, world, person="limited")
+    remove_perm("tenancy.view_project", limited.user, world.project)
+    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
+    assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 404
+    refreshed = client.post(
+        "/oauth/token",
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": tokens["refresh_token"],
+            "client_id": client_id,
+        },
+    )
+    assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
+
+
+@pytest.mark.spec("API-1")
+def test_a_replayed_refresh_token_ends_the_grant(live_server, world):
+    client, client_id, tokens = connect(live_server, world)
+
+    def refresh(refresh_token):
+        return client.post(
+            "/oauth/token",
+            data={
+                "grant_type": "refresh_token",
+                "refresh_token": refresh_token,
+                "client_id": client_id,
+            },
+        )
+
+    rotated = refresh(tokens["refresh_token"])
+    assert rotated.status_code == 200
+    # The old refresh token again: someone holds a copy, so the whole grant ends.
+    replay = refresh(tokens["refresh_token"])
+    assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
+    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
+    assert client.get(url, headers=bearer(rotated.json()["access_token"])).status_code == 401
+    assert refresh(rotated.json()["refresh_token"]).status_code == 400
+    assert OAuthGrant.objects.get().revoked_at is not None
+    assert AuditRecord.objects.filter(
+        action="oauth.revoke", data__reason="refresh_token_replayed"
+    ).exists()
+
+
+def test_a_refresh_token_of_another_client_is_refused(live_server, world):
+    client, _client_id, tokens = connect(live_server, world)
+    other_id = register(client)
+    response = client.post(
+        "/oauth/token",
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": tokens["refresh_token"],
+            "client_id": other_id,
+        },
+    )
+    assert response.status_code == 400
