@@ -739,6 +739,9 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     "root": {"handlers": ["console"], "level": env_str("KESTREL_LOG_LEVEL", "INFO")},
+    # The MCP SDK logs each request's transport starting and stopping at INFO: the endpoint
+    # makes one per request (kestrel_one/mcp_endpoint/bridge.py), so only its warnings count.
+    "loggers": {"mcp.server": {"level": env_str("KESTREL_MCP_SDK_LOG_LEVEL", "WARNING")}},
 }
 
 structlog.configure(

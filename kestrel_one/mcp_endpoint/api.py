@@ -35,6 +35,7 @@ from kestrel_one.threads.models import Thread
 from policies import Mode
 
 SESSION_HEADER = "Mcp-Session-Id"
+SEEN_RESOLUTION = timedelta(minutes=1)
 
 
 class PayloadTooLarge(KestrelError):
@@ -207,7 +208,11 @@ class McpEndpointViewSet(ProjectScopedViewSet):
             if key.lower() not in {"content-length", "mcp-session-id"}:
                 response[key] = value
         if session is not None:
-            McpSession.objects.filter(pk=session.pk).update(last_seen_at=timezone.now())
+            # Marked used at most once a minute: the idle limit is hours, and a write per
+            # request would cost every call.
+            now = timezone.now()
+            if session.last_seen_at < now - SEEN_RESOLUTION:
+                McpSession.objects.filter(pk=session.pk).update(last_seen_at=now)
             response[SESSION_HEADER] = session.public_id
         elif (
             isinstance(message, dict)

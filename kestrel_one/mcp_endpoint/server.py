@@ -260,11 +260,11 @@ def _approval_input(caller: Caller, action: Action) -> InputRequiredResult:
     )
 
 
-def _retried(caller: Caller, offered: tools.Offered, wire: Wire):
+def _retried(caller: Caller, target: tools.Target, wire: Wire):
     """The answer to a retry: the call's action once decided, else another wait."""
     action = (
         Action.objects.select_related("thread")
-        .filter(project=caller.project, public_id=str(wire.request_state)[:40], tool=offered.tool)
+        .filter(project=caller.project, public_id=str(wire.request_state)[:40], tool=target.tool)
         .first()
     )
     if action is None:
@@ -295,14 +295,14 @@ def call_tool(caller: Caller, name: str, arguments: dict[str, Any], wire: Wire =
     if name == tools.OUTCOME_TOOL:
         return outcome(caller, arguments)
     _require_write(caller)
-    offered = tools.resolve(caller.project, _effective(caller), name)
-    if offered is None:
+    target = tools.resolve(caller.project, name)
+    if target is None:
         raise MCPError(
             INVALID_PARAMS,
             f"Unknown tool {name[:100]!r}: tools/list names the tools this Project offers you.",
         )
     if wire.modern and wire.request_state is not None:
-        return _retried(caller, offered, wire)
+        return _retried(caller, target, wire)
     try:
         thread = _call_thread(caller)
         _, _, action = action_request_once(
@@ -310,8 +310,8 @@ def call_tool(caller: Caller, name: str, arguments: dict[str, Any], wire: Wire =
             thread=thread,
             key=None,
             raw_body=None,
-            tool=offered.tool,
-            args=offered.arguments(arguments),
+            tool=target.tool,
+            args=target.arguments(arguments),
             plan_step=None,
             render=None,
             surface=SURFACE,

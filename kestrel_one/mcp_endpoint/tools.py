@@ -3,8 +3,8 @@
 The governed union of one Project: the registry's tools whose capability the caller's
 effective policy (surface ``mcp``) grants, and the installed servers' recorded, enabled tools
 that its ``mcp.call`` grant allows (a dangerous one only with the policy's opt-in, POL-8).
-A name is only ever resolved against this list's sources: a name that is not one of them is
-an unknown tool, never passed through (EXT-1).
+A call's name is resolved against the same sources (the registry, the recorded tools): any
+other name is an unknown tool, never passed through (EXT-1).
 """
 
 from __future__ import annotations
@@ -50,24 +50,29 @@ UNTRUSTED_NOTE = (
 
 
 @dataclass(frozen=True)
-class Offered:
-    """One tool as the endpoint offers it, and the call it stands for."""
+class Target:
+    """What a call of an offered tool becomes: a registry tool, and for an installed
+    server's tool, which recorded tool of which server."""
 
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    annotations: dict[str, Any] | None
-    # The registry tool a call becomes, and for an installed server's tool, which one.
     tool: str
     server: McpServer | None = None
     recorded: McpTool | None = None
 
     def arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The registry tool's arguments for a call of this tool with ``arguments``."""
-        if self.recorded is None:
+        """The registry tool's arguments for a call with ``arguments``."""
+        if self.recorded is None or self.server is None:
             return arguments
-        assert self.server is not None
         return {"server": self.server.public_id, "tool": self.recorded.name, "arguments": arguments}
+
+
+@dataclass(frozen=True)
+class Offered:
+    """One tool as tools/list shows it."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    annotations: dict[str, Any] | None
 
 
 def _registry_tools(effective: EffectivePolicy) -> list[Offered]:
@@ -82,7 +87,6 @@ def _registry_tools(effective: EffectivePolicy) -> list[Offered]:
                 "Kestrel One's policy, approvals and receipts)",
                 input_schema=dict(spec.input_schema),
                 annotations=None,
-                tool=spec.name,
             )
         )
     return offered
@@ -120,22 +124,43 @@ def _server_tools(project, effective: EffectivePolicy) -> list[Offered]:
                 description=f"{note} {description}" if isinstance(description, str) else note,
                 input_schema=tool.input_schema,
                 annotations=tool.annotations or None,
-                tool="mcp.call",
-                server=tool.server,
-                recorded=tool,
             )
         )
     return offered
 
 
 def offered_tools(project, effective: EffectivePolicy) -> list[Offered]:
-    """Every tool the caller may call in ``project`` under ``effective``, by name."""
+    """Every tool ``effective`` lets the caller call in ``project`` (what tools/list shows)."""
     return _registry_tools(effective) + _server_tools(project, effective)
 
 
-def resolve(project, effective: EffectivePolicy, name: str) -> Offered | None:
-    """The offered tool ``name`` means, or None: exactly the names ``offered_tools`` lists."""
-    for offered in offered_tools(project, effective):
-        if offered.name == name:
-            return offered
-    return None
+def resolve(project, name: str) -> Target | None:
+    """The tool ``name`` means in ``project``, or None (an unknown tool).
+
+    Resolved by name only, as ``POST .../actions`` takes a tool by name: whether the policy
+    allows the call is the action's decision, recorded with its reasons like any denied call,
+    so a call through MCP meets exactly what the same call through the REST API would. An
+    installed server's tool is looked up in the project's own Environment; whether it may be
+    called as recorded (enabled, unchanged) is ``mcp.call``'s admission.
+    """
+    spec = TOOLS.get(name)
+    if spec is not None:
+        if spec.name in NOT_OFFERED:
+            return None
+        return Target(tool=spec.name)
+    if not name.startswith(MCP_PREFIX) or not TOOL_NAME.match(name):
+        return None
+    server_name, _, tool_name = name[len(MCP_PREFIX) :].partition(".")
+    recorded = (
+        McpTool.objects.filter(
+            server__environment_id=project.environment_id,
+            server__name=server_name,
+            name=tool_name,
+        )
+        .exclude(server__state=McpServer.State.REMOVED)
+        .select_related("server")
+        .first()
+    )
+    if recorded is None:
+        return None
+    return Target(tool="mcp.call", server=recorded.server, recorded=recorded)

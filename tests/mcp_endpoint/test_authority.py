@@ -519,8 +519,14 @@ def test_the_mcp_surface_policy_narrows_the_endpoint_and_only_the_endpoint(world
     session = Mcp(token_client(plaintext), mcp_url(world.project.public_id))
     reads = {spec.name for spec in TOOLS.values() if spec.capability == "fs.read"}
     assert session.tools() == reads | {"kestrel.outcome"}
-    refused = session.call("shell.exec", {"argv": ["make", "test"]})
-    assert refused["error"]["code"] == -32602, refused  # not offered, so not a tool here
+    # Not listed, and called anyway: a denied action whose reason names the surface policy,
+    # as the REST API records a call its policy does not grant.
+    refused = session.call("shell.exec", {"argv": ["make", "test"]})["result"]
+    assert refused["isError"] is True
+    assert refused["structuredContent"]["state"] == "denied"
+    assert refused["structuredContent"]["reasons"][0] == (
+        f"shell.exec is not granted by the mcp surface policy ({version.public_id})"
+    )
     read = session.call("fs.read", {"path": "README.md"})["result"]["structuredContent"]
     label = Action.objects.get(public_id=read["action"]).policy_version
     assert label.endswith(f"+surface:mcp@{version.public_id}"), label
