@@ -9,10 +9,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import Action
+from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.mcp_endpoint.models import McpSession
+from kestrel_one.mcp_endpoint.tools import resolve
+from tests.conftest import ENVIRONMENT_POLICY
 
 pytestmark = pytest.mark.django_db
 
@@ -332,3 +335,48 @@ def test_a_request_state_of_another_tool_is_refused(world):
         headers={**MODERN, "HTTP_MCP_NAME": "fs.read"},
     ).json()
     assert body["error"]["code"] == -32602
+
+
+def test_each_adapter_operation_the_policy_allows_is_a_tool_of_its_own(world):
+    document = {
+        "capabilities": {
+            **ENVIRONMENT_POLICY["capabilities"],
+            "adapter.invoke": {"adapters": {"github": {"operations": ["issues.list"]}}},
+        }
+    }
+    policy_publish_environment(
+        actor=system_principal("tests"), environment=world.environment, document=document
+    )
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    listed = rpc(client, endpoint(world), "tools/list", session=session).json()["result"]
+    tools = {tool["name"]: tool for tool in listed["tools"]}
+    assert "adapter.github.issues.list" in tools
+    # The operation the grant does not name is not offered, nor adapter.invoke itself.
+    assert "adapter.github.issue_comment.create" not in tools
+    assert "adapter.invoke" not in tools
+    schema = tools["adapter.github.issues.list"]["inputSchema"]
+    assert schema["required"] == ["args"]
+    assert set(schema["properties"]["args"]["required"]) == {"owner", "repo"}
+    assert tools["adapter.github.issues.list"]["annotations"]["readOnlyHint"] is True
+    # A call is adapter.invoke of exactly that operation, whatever the arguments say.
+    result = rpc(
+        client,
+        endpoint(world),
+        "tools/call",
+        {
+            "name": "adapter.github.issues.list",
+            "arguments": {"args": {"owner": "acme", "repo": "rockets"}, "operation": "x"},
+        },
+        session=session,
+    ).json()["result"]
+    assert result["isError"] is True
+    assert not Action.objects.filter(tool="adapter.invoke").exists()
+    target = resolve(world.project, "adapter.github.issues.list")
+    assert target.arguments({"args": {}, "adapter": "slack", "operation": "x"}) == {
+        "args": {},
+        "adapter": "github",
+        "operation": "issues.list",
+    }
+    for unknown in ("adapter.github.nope", "adapter.nope.issues.list", "adapter.invoke"):
+        assert resolve(world.project, unknown) is None
