@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 
 from kestrel_one.audit.services import audit_record
-from kestrel_one.common.errors import Conflict, KestrelError, PermissionDenied, ValidationFailed
+from kestrel_one.common.errors import Conflict, KestrelError, ValidationFailed
 from kestrel_one.governance.models import PolicyDraft, PolicyVersion, SurfacePolicyVersion
 from kestrel_one.governance.selectors import (
     environment_ceiling,
@@ -239,16 +239,12 @@ def surface_policy_publish(
     every effective policy there, so a narrower one narrows every request through that
     surface at once, and queued actions decided under the old one are decided again.
 
-    A person's act, like every change of authority: an integration token, the local agent or
-    an MCP client cannot make it, whatever scope it holds (the caller's scope was checked
-    already). The document is held to what an environment policy is (``_parse``).
+    Held to what publishing an environment policy is: the caller's ``policies:write`` (checked
+    by the view), which the local agent and the tokens it or an MCP client gets never hold;
+    an owner may give it to an integration (a policy bot) on purpose. The document is held to
+    what an environment policy is (``_parse``).
     """
     surface = parse_surface(surface)
-    if not getattr(actor, "is_person", False):
-        raise PermissionDenied(
-            "Only a person can publish a surface policy; sign in to the console or use your "
-            "own API token."
-        )
     policy = _parse(document)
     # Locked FOR UPDATE, the row every decider holds FOR KEY SHARE (policy_versions_lock):
     # a decision in this organization happens before this version or is made under it.

@@ -292,18 +292,21 @@ def test_members_without_the_scope_cannot_publish(world, name):
 
 @pytest.mark.spec("POL-2", "POL-5")
 def test_no_agent_can_publish_a_surface_policy(world, settings):
-    # An integration token holding the scope: the service still wants a person.
-    _, integration = token_create(
-        actor=system_principal("tests"),
-        organization=world.org,
-        name="ci",
-        scopes=["org:read", "policies:write"],
-        integration=True,
-    )
-    client = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {integration}")
-    response = client.put(surfaces_url("/mcp/policy"), READS_ONLY, format="json")
-    assert response.status_code == 403
-    assert "Only a person" in response.json()["error"]["message"]
+    # Like an environment policy: only with policies:write, which an agent never holds. An
+    # integration an owner gave the scope on purpose (a policy bot) may; one without may not.
+    for scopes, status in ((["org:read", "projects:write"], 403), (["policies:write"], 200)):
+        _, integration = token_create(
+            actor=system_principal("tests"),
+            organization=world.org,
+            name="ci",
+            scopes=scopes,
+            integration=True,
+        )
+        client = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {integration}")
+        response = client.put(surfaces_url("/mcp/policy"), READS_ONLY, format="json")
+        assert response.status_code == status, response.content
+    published = SurfacePolicyVersion.objects.count()
+    assert published == 1
 
     settings.SINGLE_HOST = True
     settings.KESTREL_SERVER_TOKEN = ""
@@ -314,7 +317,7 @@ def test_no_agent_can_publish_a_surface_policy(world, settings):
     for client in (agent, APIClient(REMOTE_ADDR="127.0.0.1")):
         response = client.put(surfaces_url("/mcp/policy"), READS_ONLY, format="json")
         assert response.status_code == 403, response.content
-    assert not SurfacePolicyVersion.objects.exists()
+    assert SurfacePolicyVersion.objects.count() == published
 
 
 @pytest.mark.spec("POL-2")
