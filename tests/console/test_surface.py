@@ -23,6 +23,7 @@ from django.conf import settings as django_settings
 from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
+from oauth2_provider.models import AccessToken, Application, RefreshToken
 
 from kestrel_one.accounts.models import ApiToken, User
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
@@ -35,6 +36,14 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.models import Action, IdempotencyKey, Runner
 from kestrel_one.execution.plans import plan_propose
 from kestrel_one.execution.services import action_request
+from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
+from kestrel_one.oauth.services import (
+    authorization_code_create,
+    client_register,
+    consenting_person,
+    oauth_tokens_issue,
+    oauth_tokens_refresh,
+)
 from kestrel_one.webhooks.models import WebhookEndpoint
 from kestrel_one.webhooks.secrets import secret_encrypt
 from runners.contract.tokens import generate_private_key_pem, public_key_pem
@@ -77,6 +86,9 @@ PLANTED_FIELDS = {
     "credentials.Connection.data_key_wrapped": "the same connection's wrapped data key",
     "sessions.Session.session_key": "every session's key (HttpOnly: no page may carry one)",
     "axes.AccessLog.session_hash": "whatever django-axes stored (its access log is off)",
+    "kestrel_oauth.AuthorizationCode.code_hash": "a canary OAuth code, and its digest",
+    "kestrel_oauth.OAuthGrant.refresh_hash": "a canary refresh token, rotated once to another",
+    "kestrel_oauth.OAuthGrant.previous_refresh_hash": "the rotated-away canary refresh token",
 }
 NOT_SECRET_FIELDS = {
     "accounts.ApiToken.key_id": "the public half of a token (kst_<key id>), shown to recognise it",
@@ -101,6 +113,26 @@ NOT_SECRET_FIELDS = {
     "gateway.ModelUsage.output_tokens": "a count of model tokens",
     "gateway.ModelUsage.charged_tokens": "a count of model tokens",
     "gateway.ModelUsage.credential": "the public id of the credential record used (crd_...)",
+    "kestrel_oauth.OAuthGrant.api_token": "a reference to a token row",
+}
+# django-oauth-toolkit's own token tables and client secret: Kestrel's token endpoint mints
+# Kestrel API tokens and keeps codes and refresh tokens as digests in kestrel_oauth
+# (kestrel_one/oauth/validators.py), and registers public clients only, so nothing ever
+# writes these; canaried() asserts they are still empty after planting the OAuth flow's.
+UNWRITTEN_FIELDS = {
+    f"oauth2_provider.{name}": "never written (kestrel_one/oauth)"
+    for name in (
+        "AccessToken.id_token",
+        "AccessToken.source_refresh_token",
+        "AccessToken.token",
+        "AccessToken.token_checksum",
+        "Application.client_secret",
+        "Application.hash_client_secret",
+        "RefreshToken.access_token",
+        "RefreshToken.token",
+        "RefreshToken.token_checksum",
+        "RefreshToken.token_family",
+    )
 }
 SECRET_NAME = re.compile(r"secret|token|key|hash|passw|seal|cipher|credential|private", re.I)
 
@@ -132,11 +164,11 @@ def test_every_secret_field_is_planted():
         for field in model._meta.get_fields()
         if getattr(field, "concrete", False) and SECRET_NAME.search(field.name)
     }
-    unlisted = sorted(found - set(PLANTED_FIELDS) - set(NOT_SECRET_FIELDS))
+    unlisted = sorted(found - set(PLANTED_FIELDS) - set(NOT_SECRET_FIELDS) - set(UNWRITTEN_FIELDS))
     assert not unlisted, (
         f"fields whose names say secret: plant a canary in them here, or say why not: {unlisted}"
     )
-    stale = sorted((set(PLANTED_FIELDS) | set(NOT_SECRET_FIELDS)) - found)
+    stale = sorted((set(PLANTED_FIELDS) | set(NOT_SECRET_FIELDS) | set(UNWRITTEN_FIELDS)) - found)
     assert not stale, f"listed fields that no model has: {stale}"
     secret_settings = {name for name in dir(django_settings) if SECRET_SETTING.search(name)}
     assert secret_settings <= set(PLANTED_SETTINGS), (
@@ -190,6 +222,11 @@ class Secrets:
             stored |= {password, password.rsplit("$", 1)[-1]}
         stored |= set(Session.objects.values_list("session_key", flat=True))
         stored |= set(Session.objects.values_list("session_data", flat=True))
+        stored |= set(AuthorizationCode.objects.values_list("code_hash", flat=True))
+        for current, previous in OAuthGrant.objects.values_list(
+            "refresh_hash", "previous_refresh_hash"
+        ):
+            stored |= {current, previous}
         named = {}
         for value in stored:
             if value and len(value) >= 12:
@@ -312,6 +349,32 @@ def canaried(settings, world):
         action=sealed,
     )
     world.canary_action = sealed
+
+    # An MCP client's OAuth grant: a canary code, and a canary refresh token rotated once.
+    client = client_register(
+        name="canary client", redirect_uris=["https://client.example/cb"], remote_addr=None
+    )
+    code = authorization_code_create(
+        actor=consenting_person(world["owner"].user),
+        application=client,
+        project=world.project,
+        scopes=["projects:read"],
+        resource=f"https://testserver/api/v1/orgs/acme/projects/{world.project.public_id}/mcp",
+        redirect_uri="https://client.example/cb",
+        code=canary("oauth-code"),
+        code_challenge="E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM",
+    )
+    grant, first, _ = oauth_tokens_issue(code=code, refresh_token=canary("oauth-refresh"))
+    _, second, _ = oauth_tokens_refresh(
+        grant=grant,
+        refresh_token=canary("oauth-refresh"),
+        new_refresh_token=canary("oauth-refresh-2"),
+        scopes=["projects:read"],
+    )
+    known |= {canary("oauth-code"), canary("oauth-refresh"), canary("oauth-refresh-2")}
+    known |= {first, second}
+    assert not AccessToken.objects.exists() and not RefreshToken.objects.exists()
+    assert not Application.objects.exclude(client_secret="").exists()
     return Secrets(known)
 
 
