@@ -116,5 +116,10 @@ def exchange(client: httpx2.Client, client_id: str, code: str, verifier: str, **
     return client.post("/oauth/token", data=data)
 
 
+def refresh(client: httpx2.Client, client_id: str, refresh_token: str) -> httpx2.Response:
+    data = {"grant_type": "refresh_token", "refresh_token": refresh_token, "client_id": client_id}
+    return client.post("/oauth/token", data=data)
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}

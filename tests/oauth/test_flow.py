@@ -7,8 +7,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.models import ApiToken
+from kestrel_one.accounts.principal import Principal, PrincipalKind
+from kestrel_one.accounts.services import token_revoke
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
 from tests.oauth.flow import (
@@ -22,6 +25,7 @@ from tests.oauth.flow import (
     http,
     mcp_path,
     redirect_params,
+    refresh,
     register,
 )
 
@@ -168,14 +172,7 @@ def test_an_mcp_client_discovers_registers_gets_consent_and_uses_its_token(live_
     assert "OAuth: Claude-ish" in tokens_page.text
 
     # Refresh: a fresh token, the previous one revoked, the refresh token rotated.
-    refreshed = client.post(
-        "/oauth/token",
-        data={
-            "grant_type": "refresh_token",
-            "refresh_token": body["refresh_token"],
-            "client_id": client_id,
-        },
-    )
+    refreshed = refresh(client, client_id, body["refresh_token"])
     assert refreshed.status_code == 200, refreshed.text
     fresh = refreshed.json()
     assert fresh["access_token"] != access and fresh["refresh_token"] != body["refresh_token"]
@@ -187,14 +184,7 @@ def test_an_mcp_client_discovers_registers_gets_consent_and_uses_its_token(live_
     )
     assert revoked.status_code == 200
     assert (client.get(threads, headers=bearer(fresh["access_token"]))).status_code == 401
-    after = client.post(
-        "/oauth/token",
-        data={
-            "grant_type": "refresh_token",
-            "refresh_token": fresh["refresh_token"],
-            "client_id": client_id,
-        },
-    )
+    after = refresh(client, client_id, fresh["refresh_token"])
     assert after.status_code == 400
 
 
@@ -337,67 +327,37 @@ def test_the_consent_form_needs_its_csrf_token(live_server, world):
 def test_revoking_the_token_on_the_tokens_page_ends_the_grant(live_server, world):
     client, client_id, tokens = connect(live_server, world)
     token = ApiToken.objects.get(key_id=tokens["access_token"].split("_")[1])
-    from kestrel_one.accounts.principal import Principal, PrincipalKind
-    from kestrel_one.accounts.services import token_revoke
-
     token_revoke(actor=Principal(PrincipalKind.SESSION, user=world["member"].user), token=token)
     url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
     assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 401
     # The refresh token does not bring it back.
-    refreshed = client.post(
-        "/oauth/token",
-        data={
-            "grant_type": "refresh_token",
-            "refresh_token": tokens["refresh_token"],
-            "client_id": client_id,
-        },
-    )
+    refreshed = refresh(client, client_id, tokens["refresh_token"])
     assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
     assert OAuthGrant.objects.get().revoked_at is not None
 
 
 def test_a_person_removed_from_the_project_cannot_refresh(live_server, world):
-    from guardian.shortcuts import assign_perm, remove_perm
-
     limited = world["limited"]
     assign_perm("tenancy.view_project", limited.user, world.project)
     client, client_id, tokens = connect(live_server, world, person="limited")
     remove_perm("tenancy.view_project", limited.user, world.project)
     url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
     assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 404
-    refreshed = client.post(
-        "/oauth/token",
-        data={
-            "grant_type": "refresh_token",
-            "refresh_token": tokens["refresh_token"],
-            "client_id": client_id,
-        },
-    )
+    refreshed = refresh(client, client_id, tokens["refresh_token"])
     assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
 
 
 @pytest.mark.spec("API-1")
 def test_a_replayed_refresh_token_ends_the_grant(live_server, world):
     client, client_id, tokens = connect(live_server, world)
-
-    def refresh(refresh_token):
-        return client.post(
-            "/oauth/token",
-            data={
-                "grant_type": "refresh_token",
-                "refresh_token": refresh_token,
-                "client_id": client_id,
-            },
-        )
-
-    rotated = refresh(tokens["refresh_token"])
+    rotated = refresh(client, client_id, tokens["refresh_token"])
     assert rotated.status_code == 200
     # The old refresh token again: someone holds a copy, so the whole grant ends.
-    replay = refresh(tokens["refresh_token"])
+    replay = refresh(client, client_id, tokens["refresh_token"])
     assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
     url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
     assert client.get(url, headers=bearer(rotated.json()["access_token"])).status_code == 401
-    assert refresh(rotated.json()["refresh_token"]).status_code == 400
+    assert refresh(client, client_id, rotated.json()["refresh_token"]).status_code == 400
     assert OAuthGrant.objects.get().revoked_at is not None
     assert AuditRecord.objects.filter(
         action="oauth.revoke", data__reason="refresh_token_replayed"
@@ -407,12 +367,5 @@ def test_a_replayed_refresh_token_ends_the_grant(live_server, world):
 def test_a_refresh_token_of_another_client_is_refused(live_server, world):
     client, _client_id, tokens = connect(live_server, world)
     other_id = register(client)
-    response = client.post(
-        "/oauth/token",
-        data={
-            "grant_type": "refresh_token",
-            "refresh_token": tokens["refresh_token"],
-            "client_id": other_id,
-        },
-    )
+    response = refresh(client, other_id, tokens["refresh_token"])
     assert response.status_code == 400
