@@ -32,6 +32,7 @@ from kestrel_one.artifacts.selectors import (
     checkpoint_projection,
 )
 from kestrel_one.artifacts.services import share_create
+from kestrel_one.common.addresses import mcp_endpoint_url, public_origin
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.paging import page_of
@@ -288,13 +289,12 @@ class ProjectView(ProjectPageMixin, ConsoleView):
     def get(self, request, org: str, prj: str):
         threads = Thread.objects.filter(project=self.project).order_by("-created_at", "-pk")
         page = page_of(threads, request.GET.get("page"), per_page=THREADS_PER_PAGE)
-        base = settings.KESTREL_PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
         return self.page(
             "console/dashboard/project.html",
             {
                 "project": self.project,
                 "threads": page,
-                "mcp_url": f"{base}/api/v1/orgs/{org}/projects/{self.project.public_id}/mcp",
+                "mcp_url": mcp_endpoint_url(public_origin(request), org, self.project.public_id),
                 "mcp_sessions": open_sessions(self.project)[:MCP_SESSIONS_SHOWN],
             },
         )

@@ -24,7 +24,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.throttling import SimpleRateThrottle
 
-from kestrel_one.api.base import ProjectScopedViewSet
+from kestrel_one.api.base import ProjectScopedViewSet, missing_scope_message
+from kestrel_one.common.addresses import public_origin
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.governance.selectors import parse_mode
 from kestrel_one.mcp_endpoint import bridge
@@ -79,20 +80,14 @@ class JsonErrors(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
-def _origin(request) -> str:
-    if settings.KESTREL_PUBLIC_URL:
-        return settings.KESTREL_PUBLIC_URL
-    return f"{request.scheme}://{request.get_host()}"
-
-
 def _resource_metadata_url(request) -> str:
-    return f"{_origin(request)}/.well-known/oauth-protected-resource{request.path}"
+    return f"{public_origin(request)}/.well-known/oauth-protected-resource{request.path}"
 
 
 def _security(request) -> TransportSecuritySettings:
     """The SDK's DNS-rebinding check, given what this service already allows: Django has
     held the Host to ALLOWED_HOSTS; an Origin must be this service's own or a listed one."""
-    origins = {_origin(request), f"{request.scheme}://{request.get_host()}"}
+    origins = {public_origin(request), f"{request.scheme}://{request.get_host()}"}
     origins.update(settings.KESTREL_MCP_ALLOWED_ORIGINS)
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
@@ -184,8 +179,13 @@ class McpEndpointViewSet(ProjectScopedViewSet):
             mode=mode,
             session=session,
             thread=self._named_thread(request),
-            base_url=_origin(request),
+            base_url=public_origin(request),
             call_wait_s=settings.KESTREL_MCP_CALL_WAIT_SECONDS,
+            write_refused=(
+                None
+                if "projects:write" in self.principal.scopes_in(self.organization)
+                else missing_scope_message(self.principal, "projects:write")
+            ),
         )
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})

@@ -83,6 +83,8 @@ class Caller:
     base_url: str
     # How long a tools/call waits for its action to settle.
     call_wait_s: float
+    # Why the caller may not call tools (REST's 403 message for projects:write), or None.
+    write_refused: str | None = None
 
 
 def _effective_mode(caller: Caller) -> Mode:
@@ -132,12 +134,8 @@ def list_tools(caller: Caller) -> ListToolsResult:
 
 
 def _require_write(caller: Caller) -> None:
-    if "projects:write" not in caller.principal.scopes_in(caller.organization):
-        raise MCPError(
-            FORBIDDEN,
-            "Calling a tool needs the 'projects:write' scope, which your role or token does "
-            "not hold in this organization.",
-        )
+    if caller.write_refused is not None:
+        raise MCPError(FORBIDDEN, caller.write_refused)
 
 
 def _call_thread(caller: Caller) -> Thread:

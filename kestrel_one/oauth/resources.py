@@ -11,24 +11,11 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from django.conf import settings
-
 from kestrel_one.tenancy.models import Organization, Project
 
 MCP_PATH = re.compile(
     r"^/api/v1/orgs/(?P<org>[-a-zA-Z0-9_]{1,100})/projects/(?P<prj>[A-Za-z0-9_]{1,64})/mcp/?$"
 )
-
-
-def public_origin(request) -> str:
-    """Scheme and host people and clients reach Kestrel at, without a trailing slash."""
-    if settings.KESTREL_PUBLIC_URL:
-        return settings.KESTREL_PUBLIC_URL
-    return f"{request.scheme}://{request.get_host()}"
-
-
-def mcp_resource_url(origin: str, org: str, prj: str) -> str:
-    return f"{origin}/api/v1/orgs/{org}/projects/{prj}/mcp"
 
 
 def resource_project(*, principal, resource: str, origin: str) -> Project | None:

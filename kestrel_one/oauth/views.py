@@ -17,8 +17,9 @@ from oauth2_provider.views.mixins import OAuthLibMixin
 from oauthlib.common import add_params_to_uri
 
 from kestrel_one.accounts.scopes import SCOPES
+from kestrel_one.common.addresses import mcp_endpoint_url, public_origin
 from kestrel_one.oauth import registration, services
-from kestrel_one.oauth.resources import mcp_resource_url, public_origin, resource_project
+from kestrel_one.oauth.resources import resource_project
 
 REDIRECT_SCHEMES = ["https", "http"]
 AUTHORIZE_PATH = "/console/oauth/authorize"
@@ -37,7 +38,7 @@ def protected_resource_metadata(request: HttpRequest, org_slug: str, prj_id: str
     origin = public_origin(request)
     return _public_json(
         {
-            "resource": mcp_resource_url(origin, org_slug, prj_id),
+            "resource": mcp_endpoint_url(origin, org_slug, prj_id),
             "authorization_servers": [origin],
             "scopes_supported": list(services.OAUTH_SCOPES),
             "bearer_methods_supported": ["header"],
