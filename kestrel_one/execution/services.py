@@ -256,6 +256,13 @@ def action_request(
             command = _signed_command(action, args=canonical)
             action.command_digest = token_digest(command)
     action.save(force_insert=True)
+    # Commit hooks run in the order they are registered: the command goes to the broker
+    # first, so the runner starts while the rest (the events' notices, chaining the audit
+    # record) runs here.
+    if command is not None:
+        transaction.on_commit(lambda: _command_send(action, command))
+    elif control_tier and action.state == ActionState.QUEUED:
+        transaction.on_commit(lambda: _control_send(action))
     if action.state == ActionState.DENIED:
         action_ended_notify(action, action.state)
     event_append(
@@ -295,10 +302,6 @@ def action_request(
             "policy_version": decision.policy_version,
         },
     )
-    if command is not None:
-        transaction.on_commit(lambda: _command_send(action, command))
-    elif control_tier and action.state == ActionState.QUEUED:
-        transaction.on_commit(lambda: _control_send(action))
     return action
 
 
@@ -790,7 +793,6 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     )
     if not moved:
         return "duplicate-finish"
-    action_ended_notify(action, state)
     if never_started:
         _append_started_event(action, runner, report)
     hook = CALL_FINISHED_HOOKS.get(action.tool)
@@ -841,6 +843,9 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         outcome=state,
         data={"receipt": receipt.public_id, "error": error},
     )
+    # Registered after the events: their notices (which wake a request waiting on this
+    # action) go out on commit before the action_ended receivers run.
+    action_ended_notify(action, state)
     return state
 
 
