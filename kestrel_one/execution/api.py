@@ -8,6 +8,7 @@ import time
 from collections import Counter
 
 from django.conf import settings
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status
@@ -136,23 +137,33 @@ def wait_seconds(request) -> float:
     return min(seconds, settings.KESTREL_MAX_WAIT_SECONDS)
 
 
-def settle(action: Action, seconds: float) -> Action:
+def settle(action: Action, seconds: float, reread: QuerySet[Action] | None = None) -> Action:
     """Long-poll: wait until the action settles or ``seconds`` pass.
 
     Subscribes to the action's change notices before re-reading it, so a change committed
     between the read and the wait still wakes this request (kestrel_one.threads.notify).
+    With ``reread`` (a queryset with the joins the caller's projection reads), the action
+    returned is always one read from it, so the last read is the one the caller shows;
+    without, ``action`` is refreshed in place.
     """
     if seconds <= 0 or action.state in SETTLED:
+        return reread.get(pk=action.pk) if reread is not None else action
+
+    def read() -> Action:
+        if reread is not None:
+            return reread.get(pk=action.pk)
+        action.refresh_from_db()
         return action
+
     deadline = time.monotonic() + seconds
     with action_watch(action.public_id) as wait:
-        action.refresh_from_db()
+        action = read()
         while action.state not in SETTLED:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             wait(remaining)
-            action.refresh_from_db()
+            action = read()
     return action
 
 
@@ -168,8 +179,9 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
 
     @extend_schema(parameters=[WAIT_PARAMETER], responses={200: ActionSerializer})
     def retrieve(self, request, *args, **kwargs):
-        action = settle(self.get_object(), wait_seconds(request))
-        return Response(ActionSerializer(thread_actions(self.thread).get(pk=action.pk)).data)
+        seconds = wait_seconds(request)
+        action = settle(self.get_object(), seconds, reread=thread_actions(self.thread))
+        return Response(ActionSerializer(action).data)
 
     @extend_schema(
         request=ActionCreateSerializer,
@@ -202,8 +214,8 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
             render=None if seconds and key is None else self._action_body,
         )
         if seconds and action is not None:
-            action = settle(action, seconds)
-            body = ActionSerializer(thread_actions(self.thread).get(pk=action.pk)).data
+            action = settle(action, seconds, reread=thread_actions(self.thread))
+            body = ActionSerializer(action).data
         return Response(body, status=status_code)
 
     def _action_body(self, action: Action) -> dict:
