@@ -51,7 +51,12 @@ from kestrel_one.governance.selectors import policy_version_label, policy_versio
 from kestrel_one.tenancy.models import Project
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.selectors import scope_of
-from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
+from kestrel_one.threads.services import (
+    THREAD_ENDED_MESSAGE,
+    event_append,
+    events_append,
+    thread_require_open,
+)
 from policies import (
     ALLOW,
     DEFAULT_LIMITS,
@@ -265,29 +270,33 @@ def action_request(
         transaction.on_commit(lambda: _control_send(action))
     if action.state == ActionState.DENIED:
         action_ended_notify(action, action.state)
-    event_append(
+    events_append(
         thread=thread,
-        kind="action.requested",
         action=action,
-        data={
-            "action": action.public_id,
-            "tool": action.tool,
-            "args_digest": args_digest,
-            "mode": mode.value,
-            "flags": flags,
-            "plan_step": {"plan": plan.public_id, "step": plan_step["step"]} if plan else None,
-        },
-    )
-    event_append(
-        thread=thread,
-        kind="action.decided",
-        action=action,
-        data={
-            "action": action.public_id,
-            "outcome": decision.outcome,
-            "reasons": list(decision.reasons),
-            "policy_version": decision.policy_version,
-        },
+        events=[
+            (
+                "action.requested",
+                {
+                    "action": action.public_id,
+                    "tool": action.tool,
+                    "args_digest": args_digest,
+                    "mode": mode.value,
+                    "flags": flags,
+                    "plan_step": (
+                        {"plan": plan.public_id, "step": plan_step["step"]} if plan else None
+                    ),
+                },
+            ),
+            (
+                "action.decided",
+                {
+                    "action": action.public_id,
+                    "outcome": decision.outcome,
+                    "reasons": list(decision.reasons),
+                    "policy_version": decision.policy_version,
+                },
+            ),
+        ],
     )
     audit_record(
         organization=project.organization,
@@ -720,16 +729,15 @@ def _record_started(action: Action, runner: Runner, report) -> str:
     )
     if not moved:
         return "duplicate-start"
-    _append_started_event(action, runner, report)
+    kind, data = _started_event(runner, report, action)
+    event_append(thread=action.thread, kind=kind, action=action, data=data)
     return "started"
 
 
-def _append_started_event(action: Action, runner: Runner, report) -> None:
-    event_append(
-        thread=action.thread,
-        kind="action.started",
-        action=action,
-        data={"action": action.public_id, "runner": runner.public_id, "attempt": report.attempt},
+def _started_event(runner: Runner, report, action: Action) -> tuple[str, dict]:
+    return (
+        "action.started",
+        {"action": action.public_id, "runner": runner.public_id, "attempt": report.attempt},
     )
 
 
@@ -793,8 +801,6 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     )
     if not moved:
         return "duplicate-finish"
-    if never_started:
-        _append_started_event(action, runner, report)
     hook = CALL_FINISHED_HOOKS.get(action.tool)
     if hook is not None:
         # In this transaction: what the tool's app records of the report (an mcp.call's
@@ -822,11 +828,9 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
         started_at=report.started_at,
         finished_at=report.finished_at,
     )
-    event_append(
-        thread=action.thread,
-        kind="action.finished",
-        action=action,
-        data={
+    finished = (
+        "action.finished",
+        {
             "action": action.public_id,
             "state": state,
             "receipt": receipt.public_id,
@@ -834,6 +838,12 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
             "exit_code": (report.result or {}).get("exit_code"),
             "flags": sorted(output_flags),
         },
+    )
+    # A start never reported is recorded just before the finish, in the same statement.
+    events_append(
+        thread=action.thread,
+        action=action,
+        events=[_started_event(runner, report, action), finished] if never_started else [finished],
     )
     audit_record(
         organization=action.organization,

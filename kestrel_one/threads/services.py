@@ -19,37 +19,53 @@ EVENT_DATA_MAX_BYTES = 4096
 
 # No savepoint when called inside a transaction (every caller but tests): nothing catches
 # its errors to go on, and a savepoint is two more round trips for each of a call's events.
-@transaction.atomic(savepoint=False)
 def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> ThreadEvent:
     """Append the thread's next event; the row lock keeps the sequence ordered and gap-free."""
-    sequence = _next_event_sequence(thread)
-    event = ThreadEvent.objects.create(
-        thread=thread,
-        organization_id=thread.organization_id,
-        sequence=sequence,
-        kind=kind,
-        action=action,
-        data=bounded(data, max_bytes=EVENT_DATA_MAX_BYTES),
+    return events_append(thread=thread, events=[(kind, data)], action=action)[0]
+
+
+@transaction.atomic(savepoint=False)
+def events_append(
+    *, thread: Thread, events: list[tuple[str, dict]], action=None
+) -> list[ThreadEvent]:
+    """Append ``events`` (kind, data), in order, as the thread's next events, all about
+    ``action`` if given: their numbers in one statement and their rows in one insert."""
+    last = _take_event_sequences(thread, len(events))
+    first = last - len(events) + 1
+    rows = ThreadEvent.objects.bulk_create(
+        [
+            ThreadEvent(
+                thread=thread,
+                organization_id=thread.organization_id,
+                sequence=first + index,
+                kind=kind,
+                action=action,
+                data=bounded(data, max_bytes=EVENT_DATA_MAX_BYTES),
+            )
+            for index, (kind, data) in enumerate(events)
+        ]
     )
-    # The webhook outbox row is written in this same transaction (kestrel_one.webhooks).
-    webhook_emit_thread_event(event=event)
+    for event in rows:
+        # The webhook outbox row is written in this same transaction (kestrel_one.webhooks).
+        webhook_emit_thread_event(event=event)
     if action is not None:
         action_changed(action.public_id)  # wakes ?wait= long polls after commit
-    return event
+    return rows
 
 
-def _next_event_sequence(thread: Thread) -> int:
-    """Take the thread's next event number in one statement. The UPDATE holds the thread's
-    row lock until the transaction ends, so numbers are taken in commit order, with no gap."""
+def _take_event_sequences(thread: Thread, count: int) -> int:
+    """Take the thread's next ``count`` event numbers in one statement; returns the last.
+    The UPDATE holds the thread's row lock until the transaction ends, so numbers are taken
+    in commit order, with no gap."""
     connection = transaction.get_connection()
     if not connection.in_atomic_block:
         raise RuntimeError("event_append must run inside the write's transaction")
     table = connection.ops.quote_name(Thread._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET last_event_sequence = last_event_sequence + 1 "  # noqa: S608
+            f"UPDATE {table} SET last_event_sequence = last_event_sequence + %s "  # noqa: S608
             "WHERE id = %s RETURNING last_event_sequence",
-            [thread.pk],
+            [count, thread.pk],
         )
         return cursor.fetchone()[0]
 
