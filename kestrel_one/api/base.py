@@ -123,16 +123,14 @@ class ProjectScopedViewSet(OrgScopedViewSet):
         self.project = project
         self.thread = None
         if "thr" in kwargs:
-            self.thread = (
-                Thread.objects.select_related("organization")
-                .filter(public_id=kwargs["thr"], project=project)
-                .first()
-            )
+            self.thread = Thread.objects.filter(public_id=kwargs["thr"], project=project).first()
             if self.thread is None:
                 raise NotFound()
-            # The same row, already loaded with its environment and organization, which
-            # every action request reads.
+            # The same rows, already loaded (the project with its environment and
+            # organization), which every action request reads.
             self.thread.project = project
+            if self.thread.organization_id == project.organization_id:
+                self.thread.organization = project.organization
         parent = self.thread if self.thread is not None else project
         for kwarg, attribute, related_name in self.parent_lookups:
             # Through the parent's related manager: the child is found inside it or not at all,
