@@ -210,9 +210,13 @@ def _current_versions(
         .values_list("environment__policy_version_id", "policy_version_id", "surface_version_id")
         .get()
     )
-    versions = PolicyVersion.objects.in_bulk([v for v in (env_version_id, prj_version_id) if v])
+    # Without their documents: a version's document is read (and parsed) only the first time
+    # this process meets the version (policy_of), and a large one costs milliseconds to decode.
+    versions = PolicyVersion.objects.defer("document").in_bulk(
+        [v for v in (env_version_id, prj_version_id) if v]
+    )
     surface_version = (
-        SurfacePolicyVersion.objects.filter(pk=surface_version_id).first()
+        SurfacePolicyVersion.objects.defer("document").filter(pk=surface_version_id).first()
         if surface_version_id
         else None
     )
