@@ -156,15 +156,19 @@ def settle(action: Action, seconds: float, reread: QuerySet[Action] | None = Non
         return action
 
     deadline = time.monotonic() + seconds
+    current = None
     with action_watch(action.public_id) as wait:
-        action = read()
-        while action.state not in SETTLED:
+        # Right after subscribing only the state is read: a call just queued has rarely
+        # settled yet, and the whole row is read once something changed.
+        state = Action.objects.values_list("state", flat=True).get(pk=action.pk)
+        while state not in SETTLED:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             wait(remaining)
-            action = read()
-    return action
+            current = read()
+            state = current.state
+    return current if current is not None else read()
 
 
 class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
