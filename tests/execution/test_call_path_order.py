@@ -136,13 +136,12 @@ def test_a_report_wakes_the_waiting_request_before_the_ending_receivers_run(
     assert order == [("notice", action.public_id), ("ended", action.public_id)]
     # Never reported started: its start and its finish, numbered in one statement, in order.
     assert sequence_statements(captured) == 1
-    kinds = list(
-        ThreadEvent.objects.filter(action=action).order_by("sequence").values_list("kind", flat=True)
-    )
+    events = ThreadEvent.objects.filter(action=action).order_by("sequence")
+    kinds = list(events.values_list("kind", flat=True))
     assert kinds == ["action.requested", "action.decided", "action.started", "action.finished"]
     sequences = list(
-        ThreadEvent.objects.filter(thread=thread).order_by("sequence").values_list(
-            "sequence", flat=True
-        )
+        ThreadEvent.objects.filter(thread=thread)
+        .order_by("sequence")
+        .values_list("sequence", flat=True)
     )
     assert sequences == list(range(1, len(sequences) + 1))
