@@ -729,12 +729,12 @@ def _record_started(action: Action, runner: Runner, report) -> str:
     )
     if not moved:
         return "duplicate-start"
-    kind, data = _started_event(runner, report, action)
+    kind, data = _started_event(action, runner, report)
     event_append(thread=action.thread, kind=kind, action=action, data=data)
     return "started"
 
 
-def _started_event(runner: Runner, report, action: Action) -> tuple[str, dict]:
+def _started_event(action: Action, runner: Runner, report) -> tuple[str, dict]:
     return (
         "action.started",
         {"action": action.public_id, "runner": runner.public_id, "attempt": report.attempt},
@@ -843,7 +843,7 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     events_append(
         thread=action.thread,
         action=action,
-        events=[_started_event(runner, report, action), finished] if never_started else [finished],
+        events=[_started_event(action, runner, report), finished] if never_started else [finished],
     )
     audit_record(
         organization=action.organization,

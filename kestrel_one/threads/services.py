@@ -17,19 +17,21 @@ from kestrel_one.webhooks.services import webhook_emit_thread_event
 EVENT_DATA_MAX_BYTES = 4096
 
 
-# No savepoint when called inside a transaction (every caller but tests): nothing catches
-# its errors to go on, and a savepoint is two more round trips for each of a call's events.
 def event_append(*, thread: Thread, kind: str, data: dict, action=None) -> ThreadEvent:
     """Append the thread's next event; the row lock keeps the sequence ordered and gap-free."""
     return events_append(thread=thread, events=[(kind, data)], action=action)[0]
 
 
+# No savepoint when called inside a transaction (every caller but tests): nothing catches
+# its errors to go on, and a savepoint is two more round trips for each of a call's events.
 @transaction.atomic(savepoint=False)
 def events_append(
     *, thread: Thread, events: list[tuple[str, dict]], action=None
 ) -> list[ThreadEvent]:
     """Append ``events`` (kind, data), in order, as the thread's next events, all about
     ``action`` if given: their numbers in one statement and their rows in one insert."""
+    if not events:
+        return []
     last = _take_event_sequences(thread, len(events))
     first = last - len(events) + 1
     rows = ThreadEvent.objects.bulk_create(
