@@ -19,7 +19,7 @@ from kestrel_one.execution.models import ActionState
 from kestrel_one.execution.services import action_request, report_ingest
 from kestrel_one.execution.signals import action_ended
 from kestrel_one.threads.models import ThreadEvent
-from runners.contract.tokens import sign_result
+from tests.execution.reports import report
 
 SEQUENCE_STATEMENT = "SET last_event_sequence = last_event_sequence +"
 
@@ -90,25 +90,6 @@ def test_a_request_numbers_its_two_events_in_one_statement(world, thread, sent):
     ]
 
 
-def finished_report(action, runner, key) -> str:
-    return sign_result(
-        {
-            "call_id": action.public_id,
-            "command_digest": action.command_digest,
-            "attempt": 1,
-            "event": "finished",
-            "outcome": "succeeded",
-            "result": {"path": "src/main.py", "size": 12, "sha256": "0" * 64},
-            "error": None,
-            "sandbox": None,
-            "started_at": "2026-11-29T12:00:00Z",
-            "finished_at": "2026-11-29T12:00:01Z",
-        },
-        key,
-        runner.public_id,
-    )
-
-
 def test_a_report_wakes_the_waiting_request_before_the_ending_receivers_run(
     world, thread, sent, runner, runner_key, monkeypatch, django_capture_on_commit_callbacks
 ):
@@ -129,7 +110,7 @@ def test_a_report_wakes_the_waiting_request_before_the_ending_receivers_run(
             django_capture_on_commit_callbacks(execute=True),
             CaptureQueriesContext(connection) as captured,
         ):
-            assert report_ingest(finished_report(action, runner, runner_key)) == "succeeded"
+            assert report_ingest(report(action, runner, runner_key)) == "succeeded"
     finally:
         action_ended.disconnect(dispatch_uid="test-call-path-order")
 

@@ -22,8 +22,8 @@ from kestrel_one.threads.models import ThreadEvent
 from runners.contract.canonical import token_digest
 from runners.contract.tokens import (
     generate_private_key_pem,
-    sign_result,
 )
+from tests.execution.reports import report
 
 pytestmark = pytest.mark.spec("RUN-7")
 
@@ -53,23 +53,6 @@ def queued(world, thread, monkeypatch):
     assert name == "runner.execute" and queue == "runner.default"
     assert action.command_digest == token_digest(token)
     return action
-
-
-def report(action, runner, key, **claims):
-    body = {
-        "call_id": action.public_id,
-        "command_digest": action.command_digest,
-        "attempt": 1,
-        "event": "finished",
-        "outcome": "succeeded",
-        "result": {"path": "src/main.py", "size": 12, "sha256": "0" * 64},
-        "error": None,
-        "sandbox": None,
-        "started_at": "2026-11-29T12:00:00Z",
-        "finished_at": "2026-11-29T12:00:01Z",
-    }
-    body.update(claims)
-    return sign_result(body, key, runner.public_id)
 
 
 def test_a_verified_report_is_recorded_with_a_receipt(queued, runner, runner_key):
