@@ -1,5 +1,5 @@
 """What a call's transactions leave for after commit, and in which order (docs/performance.md,
-"The governed path").
+"The governed path, stage by stage").
 
 Commit hooks run in the order they were registered. The hooks that start the next step of
 the call go first: the signed command before the request chains its audit record, and the
