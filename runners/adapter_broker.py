@@ -1,6 +1,7 @@
 """The broker beside the sandbox (CRED-3): a call's one way to an adapter, with no network.
 
-For each call of a process tool the runner opens an ``AdapterBroker``: a Unix socket in a
+For each call whose process is its own, run in its sandbox (``ToolSpec.adapter_broker``:
+shell.exec, code.python), the runner opens an ``AdapterBroker``: a Unix socket in a
 per-call host directory, which the sandbox backend mounts read-only at
 ``/run/kestrel-adapter`` (the container's network stays ``none``; bubblewrap's stays an
 empty namespace) and names in ``KESTREL_ADAPTER_SOCKET``. The workload's client

@@ -403,9 +403,12 @@ class Runner:
             limits = self._limits(command)
             with contextlib.ExitStack() as stack:
                 adapter_dir = None
-                if get_tool(command.tool).runs_process:
+                tool = get_tool(command.tool)
+                if tool.runs_process:
                     backend = self.choose_backend(self.config.sandbox)
-                    broker = self._adapter_broker(command, limits, started, backend)
+                    broker = None
+                    if tool.adapter_broker:
+                        broker = self._adapter_broker(command, limits, started, backend)
                     if broker is not None:
                         try:
                             adapter_dir = stack.enter_context(broker).directory

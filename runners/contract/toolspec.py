@@ -127,6 +127,10 @@ class ToolSpec:
     ``idempotent`` says whether running the same arguments twice has the effect of running
     them once; the runner may retry an interrupted call only when it is true.
     ``runs_process`` says the call starts a process, so it runs only in a probed sandbox.
+    ``adapter_broker`` says that process is the call's own, run in the call's sandbox, and
+    gets the call's adapter broker (``runners.adapter_broker``, CRED-3): its one way to an
+    adapter. A process that is not the call's own (mcp.call's server, whose container was
+    started for the thread) gets none, so none is opened for it.
     ``captures`` says what the control plane keeps from a succeeded result.
     ``tier`` says where it runs (``Tier``); a control-tier tool's ``implementation`` only
     refuses, its work is the control tier's task.
@@ -144,9 +148,14 @@ class ToolSpec:
     build_request: Callable[[Mapping[str, Any]], Request]
     implementation: Implementation
     runs_process: bool = False
+    adapter_broker: bool = False
     captures: Captures = Captures.NOTHING
     tier: Tier = Tier.RUNNER
     admitted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.adapter_broker and not self.runs_process:
+            raise ValueError(f"{self.name}: only a tool that runs a process gets a broker")
 
     def needs_checks(self) -> bool:
         """Whether a call needs the control plane's checks for this tool (fail closed)."""

@@ -186,6 +186,7 @@ SHELL_EXEC = ToolSpec(
     build_request=_shell_request,
     implementation=shell_exec,
     runs_process=True,
+    adapter_broker=True,
     captures=Captures.OUTPUTS,
 )
 
@@ -198,6 +199,7 @@ CODE_PYTHON = ToolSpec(
     build_request=_python_request,
     implementation=code_python,
     runs_process=True,
+    adapter_broker=True,
     captures=Captures.OUTPUTS,
 )
 

@@ -49,6 +49,7 @@ from runners.sandbox import (
 from runners.started import StartedReport, daemon_timer
 from runners.tools import processes
 from tests.runners.support import runner_config
+from tests.runners.test_mcp_servers import SERVER, make_profile, pin
 from tests.runners.test_protocol import (
     CONTROL_KEY,
     CONTROL_PUBLIC,
@@ -832,3 +833,52 @@ def test_process_tools_are_exactly_the_sandboxed_implementations():
     # and started only on the Docker backend; it runs no command in the call's sandbox.
     runs_process = {name for name, spec in TOOLS.items() if spec.runs_process}
     assert sandboxed == runs_process - {"mcp.call"}
+
+
+class NoControlPlane:
+    """An adapter transport no request reaches: these calls make none."""
+
+    def send(self, token: str) -> None:
+        raise AssertionError("no adapter request was made")
+
+    def wait(self, key: str, timeout_s: float) -> str | None:
+        raise AssertionError("no adapter request was made")
+
+
+def mcp_call_args() -> dict[str, Any]:
+    tool = {"name": "get_current_time", "inputSchema": {"type": "object"}}
+    profile = make_profile("sha256:" + "0" * 64)
+    return {"server": SERVER, "tool": tool["name"], "arguments": {}, "pinned": pin(profile, tool)}
+
+
+@pytest.mark.spec("CRED-3")
+def test_only_a_process_of_the_calls_own_gets_an_adapter_broker(
+    runner, recorder, runner_key, monkeypatch
+):
+    """shell.exec and code.python run in the call's sandbox and get its broker's directory;
+    mcp.call's process is its server's container, started for the thread, which never sees a
+    call's socket: no broker is opened for it."""
+    recorder.backend = Records()
+    runner.adapter_transport = NoControlPlane()
+    adapter_dirs: dict[str, Path | None] = {}
+    spied = dispatch.run_verified
+
+    def spy(tool_name: str, args: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        adapter_dirs[tool_name] = kwargs["adapter_dir"]
+        return spied(tool_name, args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "run_verified", spy)
+    runner.handle(command(tool="shell.exec", args={"script": "true"}))
+    runner.handle(command(jti="act_01JTESTCALLPY", tool="code.python", args={"code": "1"}))
+    runner.handle(command(jti="act_01JTESTCALLMCP", tool="mcp.call", args=mcp_call_args()))
+
+    assert set(adapter_dirs) == {"shell.exec", "code.python", "mcp.call"}
+    assert adapter_dirs["shell.exec"] is not None
+    assert adapter_dirs["code.python"] is not None
+    assert adapter_dirs["mcp.call"] is None
+    # This runner has no Docker sandbox, so the call itself fails as it always did.
+    assert _finished(recorder, runner_key).error["code"] == "mcp_unavailable"
+    assert {name for name, spec in TOOLS.items() if spec.adapter_broker} == {
+        "shell.exec",
+        "code.python",
+    }
