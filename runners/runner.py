@@ -96,6 +96,8 @@ class Runner:
     reap_orphans: Callable[[str], int] = field(default=lambda call_id: 0)
     # (project, thread) -> how many warm containers of the thread were removed.
     end_thread: Callable[[str, str], int] = field(default=lambda project, thread: 0)
+    # An MCP risk acceptance ended: stop the servers started under it; how many.
+    end_risk_acceptance: Callable[[str], int] = field(default=lambda acceptance: 0)
     # Starts the timer of a delayed "started" report (tests drive it by hand).
     start_timer: StartTimer = daemon_timer
     # How a process call's adapter broker reaches the control plane (runners.adapter_broker);
@@ -175,6 +177,8 @@ class Runner:
             self._end_thread(message)
         elif message.type == "project.delete":
             self._delete_project(message)
+        elif message.type == "mcp.risk.end":
+            self._end_risk_acceptance(message)
         else:
             self._log("control_refused", level=logging.WARNING, code="unknown_type")
             return Disposition.REFUSED
@@ -243,6 +247,18 @@ class Runner:
             project=message.prj,
             control_message=message.jti,
             removed=removed,
+        )
+
+    def _end_risk_acceptance(self, message: ControlMessage) -> None:
+        """Stop the MCP servers this host started under a risk acceptance that ended: their
+        containers have the bridge network it gave, and none may keep it (a busy one goes
+        after its call; the next call starts a network-less one)."""
+        stopped = self.end_risk_acceptance(message.rsk)
+        self._log(
+            "mcp_risk_ended",
+            risk_acceptance=message.rsk,
+            control_message=message.jti,
+            stopped_servers=stopped,
         )
 
     def _end_thread(self, message: ControlMessage) -> None:

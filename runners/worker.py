@@ -169,6 +169,9 @@ def current_runner() -> Runner:
                     if docker_capable
                     else (lambda project, thread: 0)
                 ),
+                end_risk_acceptance=(
+                    mcp.end_risk_acceptance if mcp is not None else (lambda acceptance: 0)
+                ),
                 mcp_servers=mcp,
                 discover_mcp=(
                     (lambda request: discover(request, runner_id=config.runner_id))

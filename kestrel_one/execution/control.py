@@ -5,13 +5,14 @@ must reach every worker of the pool instead, so it is published on the pool's fa
 exchange (``runners.contract.names.control_exchange``), to which each runner worker binds its own
 broadcast queue. On the Redis broker that is PUBLISH/SUBSCRIBE: nothing is stored, and a
 worker that is down or reconnecting misses the message. That is acceptable for what is sent
-here: for ``thread.end`` a runner's idle timeout and its cleanup at start remove what the
-message would have removed, only later; a missed ``project.delete`` (remove the deleted
-project's workspace) leaves the workspace on that host until an operator removes it
-(docs/runners.md#control-messages).
+here: for ``thread.end`` and ``mcp.risk.end`` a runner's idle timeout and its cleanup at
+start remove what the message would have removed, only later; a missed ``project.delete``
+(remove the deleted project's workspace) leaves the workspace on that host until an operator
+removes it (docs/runners.md#control-messages).
 
 Messages are signed with the command-signing key, as ``kestrel-control+jwt`` tokens bound to
-org/env/prj/thr with a short lifetime; runners verify them exactly like commands.
+org/env and the project, thread or risk acceptance they concern, with a short lifetime;
+runners verify them exactly like commands.
 """
 
 from __future__ import annotations
@@ -67,6 +68,28 @@ def project_delete_notice(sender, project, **kwargs) -> None:
         )
 
 
+def mcp_risk_end_notice(acceptance) -> None:
+    """An MCP server's risk acceptance ended (withdrawn, its expiry recorded, or voided by a
+    change or the removal of the server; inside that transaction): after commit, tell every
+    runner pool that ran a call of the server to stop the servers it started under the
+    acceptance, whose containers have the network it gave."""
+    server = acceptance.server
+    calls = Action.objects.filter(
+        organization_id=server.organization_id, tool="mcp.call", args__server=server.public_id
+    )
+    pools = sorted(set(calls.values_list("pool", flat=True)))
+    if pools:
+        scope = {
+            "org": server.organization.public_id,
+            "env": server.environment.public_id,
+            "rsk": acceptance.public_id,
+        }
+        transaction.on_commit(
+            lambda: control_announce(type_="mcp.risk.end", scope=scope, pools=pools),
+            robust=True,
+        )
+
+
 def thread_end_announce(*, scope: dict, pools: list[str]) -> int:
     """Tell every runner of each pool that the thread in ``scope`` ended; how many pools
     were told (``control_announce``)."""
@@ -74,17 +97,25 @@ def thread_end_announce(*, scope: dict, pools: list[str]) -> int:
 
 
 def control_announce(*, type_: str, scope: dict, pools: list[str]) -> int:
-    """Send control message ``type_`` about ``scope`` to every runner of each pool; how many
-    pools were told. Runs after the transaction that decided it committed; never raises,
-    because what it announces has happened whether or not the runners hear of it (failures
-    are logged, without the token; a runner that missed a ``thread.end`` drops the warm
-    sandboxes at their idle timeout, one that missed a ``project.delete`` keeps the
-    workspace until an operator removes it)."""
+    """Send control message ``type_`` about ``scope`` (``org``, ``env`` and what the type
+    names of ``prj``, ``thr`` and ``rsk``) to every runner of each pool; how many pools were
+    told. Runs after the transaction that decided it committed; never raises, because what
+    it announces has happened whether or not the runners hear of it (failures are logged,
+    without the token; a runner that missed a ``thread.end`` or an ``mcp.risk.end`` drops
+    the warm sandboxes or servers at their idle timeout, one that missed a
+    ``project.delete`` keeps the workspace until an operator removes it)."""
     told = 0
     for pool in pools:
         try:
             token = sign_control_message(
-                {"aud": command_audience(pool), "type": type_, **scope},
+                {
+                    "aud": command_audience(pool),
+                    "type": type_,
+                    "prj": None,
+                    "thr": None,
+                    "rsk": None,
+                    **scope,
+                },
                 control_private_key(),
                 ttl=CONTROL_MESSAGE_TTL_SECONDS,
             )
@@ -101,7 +132,7 @@ def control_announce(*, type_: str, scope: dict, pools: list[str]) -> int:
             logger.warning(
                 "%s notice for %s to pool %s not sent (%s)",
                 type_,
-                scope["thr"] or scope["prj"],
+                scope.get("thr") or scope.get("prj") or scope.get("rsk"),
                 pool,
                 type(error).__name__,
             )

@@ -40,6 +40,7 @@ from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.common.storable import json_storable, utf8_encodable
+from kestrel_one.execution.control import mcp_risk_end_notice
 from kestrel_one.execution.enrollment import call_pool_for
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import Runner
@@ -575,5 +576,6 @@ def mcp_sweep(*, now=None) -> dict[str, int]:
                     "image_id": risk.image_id,
                 },
             )
+            mcp_risk_end_notice(risk)
             counts["risk_expiries_recorded"] += 1
     return counts

@@ -27,10 +27,11 @@ from jsonschema.exceptions import SchemaError
 
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, ValidationFailed, echo
+from kestrel_one.execution.control import mcp_risk_end_notice
 from kestrel_one.mcp.discovery import discovery_start
 from kestrel_one.mcp.egress import egress_parse
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
-from kestrel_one.mcp.profiles import base_profile_sha256, egress_status
+from kestrel_one.mcp.profiles import base_profile_sha256, egress_status, risk_acceptance_covers
 from runners.contract.mcp import (
     DEFAULT_LIMITS,
     IMAGE_ID,
@@ -377,7 +378,8 @@ def mcp_server_install(
 def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> McpServer:
     """Change what ``changes`` names (of UPDATABLE). A new image or command is a new
     discovery; any change of the base profile voids the egress grant and risk acceptances
-    by binding, unless ``egress`` is authored again in the same change."""
+    by binding, unless ``egress`` is authored again in the same change, and the runners stop
+    the containers started under a voided acceptance."""
     server = _locked_installed(server)
     unknown = sorted(set(changes) - set(UPDATABLE))
     if unknown or not changes:
@@ -393,6 +395,7 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
                 "managed servers have no network at all: an egress allowlist is for custom servers",
             )
     now = timezone.now()
+    bridging = _bridging(server)
     before = {
         "reference": server.reference,
         "image_id": server.image_id,
@@ -438,7 +441,29 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
         target=server,
         data=data,
     )
+    _risk_end_if_void(server, bridging)
     return server
+
+
+def _bridging(server: McpServer) -> list[McpRiskAcceptance]:
+    """The risk acceptances under which containers of ``server`` may have the network now:
+    in force and covering what it runs (the newest one is what a new call gets)."""
+    return [
+        acceptance
+        for acceptance in McpRiskAcceptance.objects.in_force(timezone.now()).filter(server=server)
+        if risk_acceptance_covers(acceptance, server)
+    ]
+
+
+def _risk_end_if_void(server: McpServer, bridging: list[McpRiskAcceptance]) -> None:
+    """``bridging`` (``_bridging``) was read before a change of ``server`` in this
+    transaction: each acceptance that no longer covers it, removed or changed, is void, and
+    the runners stop the containers started under it (they have the network it gave)."""
+    for acceptance in bridging:
+        if server.state == McpServer.State.REMOVED or not risk_acceptance_covers(
+            acceptance, server
+        ):
+            mcp_risk_end_notice(acceptance)
 
 
 @transaction.atomic
@@ -465,6 +490,7 @@ def mcp_server_remove(*, actor, server: McpServer) -> McpServer:
     if server.state == McpServer.State.REMOVED:
         return server
     previous = server.state
+    bridging = _bridging(server)
     server.state = McpServer.State.REMOVED
     server.save(update_fields=["state", "updated_at"])
     audit_record(
@@ -474,6 +500,7 @@ def mcp_server_remove(*, actor, server: McpServer) -> McpServer:
         target=server,
         data={"name": server.name, "reference": server.reference, "state": previous},
     )
+    _risk_end_if_void(server, bridging)
     return server
 
 
@@ -616,7 +643,8 @@ def mcp_risk_accept(
 
 @transaction.atomic
 def mcp_risk_withdraw(*, actor, acceptance: McpRiskAcceptance) -> McpRiskAcceptance:
-    """End an acceptance now: the server's next container has no network."""
+    """End an acceptance now: the server's next container has no network, and the runners
+    that ran its calls stop the containers started under it."""
     acceptance = (
         McpRiskAcceptance.objects.select_for_update().select_related("server").get(pk=acceptance.pk)
     )
@@ -632,4 +660,5 @@ def mcp_risk_withdraw(*, actor, acceptance: McpRiskAcceptance) -> McpRiskAccepta
         target=acceptance,
         data={"server": acceptance.server.public_id, "name": acceptance.server.name},
     )
+    mcp_risk_end_notice(acceptance)
     return acceptance

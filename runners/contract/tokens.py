@@ -168,12 +168,15 @@ RESULT_CLAIMS = frozenset(
 )
 
 CONTROL_CLAIMS = frozenset(
-    {"iss", "aud", "iat", "nbf", "exp", "jti", "type", "org", "env", "prj", "thr"}
+    {"iss", "aud", "iat", "nbf", "exp", "jti", "type", "org", "env", "prj", "thr", "rsk"}
 )
 # What a control message may ask. Anything else is refused (fail closed). "thread.end" names
-# a thread; "project.delete" (remove the project's workspace) names none (``thr`` null).
-CONTROL_TYPES = frozenset({"thread.end", "project.delete"})
+# a thread; "project.delete" (remove the project's workspace) names none (``thr`` null);
+# "mcp.risk.end" (an MCP server's risk acceptance ended: stop the containers it let reach
+# the network) names the acceptance in ``rsk`` and no project. ``rsk`` is null otherwise.
+CONTROL_TYPES = frozenset({"thread.end", "project.delete", "mcp.risk.end"})
 _PROJECT_CONTROL_TYPES = frozenset({"project.delete"})
+_ENVIRONMENT_CONTROL_TYPES = frozenset({"mcp.risk.end"})
 
 HEARTBEAT_CLAIMS = frozenset({"iss", "aud", "iat", "exp", "jti", "pool", "sandbox"})
 # The backend a runner's probe found for process tools, or "none" (they then fail closed).
@@ -437,22 +440,31 @@ def _check_control_claim_types(claims: Mapping[str, Any]) -> None:
         )
     for name in ("iss", "aud", "type"):
         _require(_is_text(claims[name]), name, "a string", ControlRefused)
-    for name in ("jti", "org", "env", "prj"):
+    for name in ("jti", "org", "env"):
         _require(
             _is_public_id(claims[name]),
             name,
             "a public id (letters, digits, '_', '-')",
             ControlRefused,
         )
-    if claims["type"] in _PROJECT_CONTROL_TYPES:
-        _require(claims["thr"] is None, "thr", "null for a project's message", ControlRefused)
+    # Which of prj, thr and rsk a type names; the others must be null.
+    kind = claims["type"]
+    if kind in _ENVIRONMENT_CONTROL_TYPES:
+        named = {"rsk"}
+    elif kind in _PROJECT_CONTROL_TYPES:
+        named = {"prj"}
     else:
-        _require(
-            _is_public_id(claims["thr"]),
-            "thr",
-            "a public id (letters, digits, '_', '-')",
-            ControlRefused,
-        )
+        named = {"prj", "thr"}
+    for name in ("prj", "thr", "rsk"):
+        if name in named:
+            _require(
+                _is_public_id(claims[name]),
+                name,
+                "a public id (letters, digits, '_', '-')",
+                ControlRefused,
+            )
+        else:
+            _require(claims[name] is None, name, f"null for a {kind!r} message", ControlRefused)
 
 
 def _verified_control_plane_claims(
@@ -498,7 +510,10 @@ class ControlMessage:
 
     ``thread.end``: the thread ``thr`` of project ``prj`` (in ``org``/``env``) has ended; a
     runner removes what it keeps warm for it. ``project.delete``: project ``prj`` was deleted
-    (``thr`` is None); a runner removes its workspace. Field names are the claim names.
+    (``thr`` is None); a runner removes its workspace. ``mcp.risk.end``: the MCP risk
+    acceptance ``rsk`` (in ``org``/``env``; ``prj`` and ``thr`` None) was withdrawn, expired
+    or voided; a runner stops every server container it started under it, so that none keeps
+    the network it gave. Field names are the claim names.
     """
 
     iss: str
@@ -510,8 +525,9 @@ class ControlMessage:
     type: str
     org: str
     env: str
-    prj: str
+    prj: str | None
     thr: str | None
+    rsk: str | None
 
 
 def sign_control_message(

@@ -268,6 +268,19 @@ class DockerMcpServers:
 
     def end_thread(self, project: str, thread: str) -> int:
         """Stop the thread's warm servers on this host (busy ones after their call)."""
+        return self._stop_where(
+            lambda spec: (spec.get("project"), spec.get("thread")) == (project, thread)
+        )
+
+    def end_risk_acceptance(self, acceptance: str) -> int:
+        """Stop the warm servers on this host whose profile is under risk acceptance
+        ``acceptance`` (busy ones after their call): it ended, and their containers have the
+        network it gave. The next call's profile has none, so a new container starts."""
+        return self._stop_where(
+            lambda spec: (spec.get("profile") or {}).get("risk_acceptance") == acceptance
+        )
+
+    def _stop_where(self, matches: Callable[[dict[str, Any]], bool]) -> int:
         stopped = 0
         try:
             root = self._root()
@@ -275,9 +288,7 @@ class DockerMcpServers:
             return 0
         for directory in _relay_dirs(root):
             spec = _spec(directory)
-            if spec is None or (spec.get("project"), spec.get("thread")) != (project, thread):
-                continue
-            if spec.get("runner") != self.runner_id:
+            if spec is None or spec.get("runner") != self.runner_id or not matches(spec):
                 continue
             try:
                 _ask(directory / "relay.sock", {"op": "stop"}, 10)

@@ -110,7 +110,13 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, custom_mcp_image, managed_mcp_images):
     data_dir = short_data_dir()
-    serve = Serve(data_dir, log_dir=tmp_path_factory.mktemp("mcp-serve"), KESTREL_SANDBOX="docker")
+    serve = Serve(
+        data_dir,
+        log_dir=tmp_path_factory.mktemp("mcp-serve"),
+        KESTREL_SANDBOX="docker",
+        # The sweep records a risk acceptance's expiry, which stops its bridged servers.
+        KESTREL_MCP_SWEEP_SECONDS="2",
+    )
     serve.start()
     try:
         serve.wait_until_calls_can_run()
@@ -427,8 +433,17 @@ def test_a_risk_acceptance_gives_a_bridge_without_the_host_and_its_expiry_ends_i
         "egress": "none",
         "risk_acceptance": None,
     }
+    # The bridged container does not outlive the acceptance: the sweep records the expiry
+    # and the runner stops it, idle though it is and long before its idle timeout.
+    for _ in range(600):
+        if not server_containers(stack.servers["custom"], thread):
+            break
+        time.sleep(0.2)
+    assert server_containers(stack.servers["custom"], thread) == []
     after = stack.mcp(thread, "custom", "net_probe", {"host": gateway, "port": host_listener})
     assert after["result"]["structured_content"]["interfaces"] == ["lo"]
+    (container,) = server_containers(stack.servers["custom"], thread)
+    assert container.attrs["HostConfig"]["NetworkMode"] == "none"
 
 
 @pytest.mark.spec("MCP-1")

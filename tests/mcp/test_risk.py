@@ -7,12 +7,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.execution.keys import control_private_key
+from kestrel_one.mcp.discovery import mcp_sweep
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer
 from kestrel_one.mcp.profiles import server_profile
+from runners.contract.names import control_exchange
+from runners.contract.tokens import public_key_pem, verify_control_message
 from tests.mcp.api_support import ECHO, URL, discovered, installed
+from tests.mcp.test_calls import Mcp, mcp_policy
 
 pytestmark = pytest.mark.spec("MCP-4")
 
@@ -188,3 +194,100 @@ def test_a_new_image_or_profile_voids_the_acceptance_and_the_egress_grant(world,
     }
     listed = admin.get(f"{URL}/{server['id']}/risk-acceptances").json()["results"]
     assert [a["state"] for a in listed] == ["void"]
+
+
+class ControlMessages:
+    """The broker stand-in for control messages: the ``mcp.risk.end`` notices sent, as
+    (type, org, env, prj, thr, rsk), each verified with the control key."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.sent: list[dict] = []
+        monkeypatch.setattr(
+            "kestrel_one.celery.app.send_task", lambda *args, **options: self.sent.append(options)
+        )
+
+    def risk_ends(self) -> list[tuple]:
+        pool = settings.KESTREL_DEFAULT_POOL
+        control_public = public_key_pem(control_private_key())
+        found = []
+        for options in self.sent:
+            if options.get("exchange") is None:
+                continue  # a command
+            assert options["exchange"].name == control_exchange(pool)
+            (token,) = options["args"]
+            found.append(
+                verify_control_message(token, control_public_key=control_public, pool=pool)
+            )
+        self.sent.clear()
+        return [(m.type, m.org, m.env, m.prj, m.thr, m.rsk) for m in found]
+
+
+@pytest.fixture
+def called(world, monkeypatch, django_capture_on_commit_callbacks):
+    """A custom server of which the default pool ran a call, and the control messages."""
+    mcp = Mcp(world, mcp_policy())
+    messages = ControlMessages(monkeypatch)
+    with django_capture_on_commit_callbacks(execute=True):
+        mcp.call("echo", {"text": "hello"})
+    messages.sent.clear()
+    return mcp, messages
+
+
+def test_an_ended_acceptance_tells_the_runners_that_ran_the_servers_calls(
+    world, called, django_capture_on_commit_callbacks
+):
+    """A warm container started under an acceptance has its network for as long as it
+    lives: when the acceptance is withdrawn, or the sweep records its expiry, every runner
+    pool that ran a call of the server gets a signed ``mcp.risk.end`` naming it."""
+    mcp, messages = called
+    admin = world["admin"].client()
+    withdrawn = accept(admin, mcp.server.public_id).json()
+    expiring = accept(admin, mcp.server.public_id).json()
+    assert messages.risk_ends() == []
+
+    base = f"{URL}/{mcp.server.public_id}/risk-acceptances"
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = admin.post(f"{base}/{withdrawn['id']}/withdraw", {}, format="json")
+    assert answer.status_code == 200, answer.content
+    scope = (world.org.public_id, mcp.environment.public_id, None, None)
+    assert messages.risk_ends() == [("mcp.risk.end", *scope, withdrawn["id"])]
+
+    McpRiskAcceptance.objects.filter(public_id=expiring["id"]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert mcp_sweep()["risk_expiries_recorded"] == 1
+    assert messages.risk_ends() == [("mcp.risk.end", *scope, expiring["id"])]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert mcp_sweep()["risk_expiries_recorded"] == 0
+    assert messages.risk_ends() == []
+
+
+def test_a_change_that_voids_the_acceptances_or_a_removal_ends_them_on_the_runners(
+    world, called, django_capture_on_commit_callbacks
+):
+    mcp, messages = called
+    admin = world["admin"].client()
+    server_url = f"{URL}/{mcp.server.public_id}"
+    first = accept(admin, mcp.server.public_id).json()
+    second = accept(admin, mcp.server.public_id).json()
+    scope = (world.org.public_id, mcp.environment.public_id, None, None)
+
+    # Authoring an allowlist changes nothing the acceptances bind.
+    egress = [{"host": "api.example.com", "port": 443, "protocol": "https"}]
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = admin.patch(server_url, {"egress": egress}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert messages.risk_ends() == []
+
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = admin.patch(server_url, {"limits": {"memory_mb": 1024}}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert sorted(messages.risk_ends()) == sorted(
+        [("mcp.risk.end", *scope, first["id"]), ("mcp.risk.end", *scope, second["id"])]
+    )
+
+    third = accept(admin, mcp.server.public_id).json()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert admin.delete(server_url).status_code in (200, 204)
+    assert messages.risk_ends() == [("mcp.risk.end", *scope, third["id"])]

@@ -1,6 +1,7 @@
-"""Control messages (``thread.end``): signed like commands, never mistaken for one, and
-every forged, misaddressed, stale or unknown message refused. Pure unit tests of
-``runners.contract.tokens``; what a worker does with them is in ``test_thread_end_runner.py``."""
+"""Control messages (``thread.end``, ``project.delete``, ``mcp.risk.end``): signed like
+commands, never mistaken for one, and every forged, misaddressed, stale or unknown message
+refused. Pure unit tests of ``runners.contract.tokens``; what a worker does with them is in
+``test_thread_end_runner.py`` and ``test_mcp_servers.py``."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ SCOPE = {"org": "org_01JORG", "env": "env_01JENV", "prj": "prj_01JPRJ", "thr": "
 
 
 def claims(**overrides: Any) -> dict[str, Any]:
-    return {"aud": f"runner.{POOL}", "type": "thread.end", **SCOPE, **overrides}
+    return {"aud": f"runner.{POOL}", "type": "thread.end", **SCOPE, "rsk": None, **overrides}
 
 
 def signed(key: bytes = CONTROL_KEY, **overrides: Any) -> str:
@@ -149,3 +150,29 @@ def test_a_project_delete_names_no_thread_and_a_thread_end_must_name_one():
     assert (message.type, message.prj, message.thr) == ("project.delete", SCOPE["prj"], None)
     assert refusal_code(signed(type="thread.end", thr=None)) == "malformed"
     assert refusal_code(signed(type="project.delete")) == "malformed"
+
+
+RISK = "rsk_01JRISKACCEPTANCE"
+
+
+def test_an_mcp_risk_end_names_the_acceptance_and_no_project_or_thread():
+    """``mcp.risk.end`` is about a risk acceptance of the environment (``rsk``); naming a
+    project or a thread with it, or an acceptance with another type, is malformed."""
+    token = signed(type="mcp.risk.end", prj=None, thr=None, rsk=RISK)
+    message = verify_control_message(token, control_public_key=CONTROL_PUBLIC, pool=POOL)
+    assert (message.type, message.org, message.env, message.prj, message.thr, message.rsk) == (
+        "mcp.risk.end",
+        SCOPE["org"],
+        SCOPE["env"],
+        None,
+        None,
+        RISK,
+    )
+    assert refusal_code(signed(type="mcp.risk.end", prj=None, thr=None)) == "malformed"
+    assert refusal_code(signed(type="mcp.risk.end", thr=None, rsk=RISK)) == "malformed"
+    assert refusal_code(signed(type="mcp.risk.end", prj=None, rsk=RISK)) == "malformed"
+    assert refusal_code(signed(type="mcp.risk.end", prj=None, thr=None, rsk="../x")) == (
+        "malformed"
+    )
+    assert refusal_code(signed(rsk=RISK)) == "malformed"
+    assert refusal_code(signed(type="project.delete", thr=None, rsk=RISK)) == "malformed"

@@ -35,6 +35,7 @@ from runners.contract.tokens import (
     generate_private_key_pem,
     public_key_pem,
     sign_command,
+    sign_control_message,
     sign_result,
     verify_result,
 )
@@ -618,3 +619,81 @@ def test_a_signed_mcp_call_runs_through_the_runner_and_a_change_is_reported_with
     unavailable = run("echo", {"text": "x"})
     assert unavailable.error["code"] == "mcp_unavailable"
     assert unavailable.sandbox == "bubblewrap"
+
+
+@pytest.mark.spec("MCP-4")
+def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    workspace_root: Path,
+    tmp_path: Path,
+    runner_redis: Any,
+) -> None:
+    """A warm server started under a risk acceptance keeps its bridge network for as long as
+    its container lives. When the acceptance ends, the control plane's signed
+    ``mcp.risk.end`` makes the runner stop exactly those servers, idle or not yet timed out;
+    a server without it is left alone."""
+    risk = "rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    tools = listed(make_profile(server_image), project_workspace)
+    bridged = pin(
+        make_profile(server_image, network="bridge", risk_acceptance=risk), tools["interfaces"]
+    )
+    plain = pin(make_profile(server_image), tools["interfaces"])
+    for pinned, thread in ((bridged, "thr_bridged"), (plain, "thr_plain")):
+        call(
+            servers,
+            pinned,
+            "interfaces",
+            {},
+            project=project,
+            thread=thread,
+            workspace=project_workspace,
+        )
+    assert len(_server_containers(engine, project)) == 2
+    config = runner_config(
+        tmp_path,
+        runner_id=servers.runner_id,
+        pool=POOL,
+        runner_key=generate_private_key_pem(),
+        control_public_key=CONTROL_PUBLIC,
+        workspace_root=workspace_root,
+    )
+    runner = Runner(
+        config=config,
+        private_key=config.private_key(),
+        control_public_key=config.control_public_key(),
+        state=CallState(runner_redis, worker="mcp-test"),
+        report=lambda token: None,
+        end_risk_acceptance=servers.end_risk_acceptance,
+    )
+
+    def risk_end(acceptance: str, key: bytes = CONTROL_KEY) -> str:
+        claims = {
+            "aud": f"runner.{POOL}",
+            "type": "mcp.risk.end",
+            "org": "org_01JORG",
+            "env": "env_01JENV",
+            "prj": None,
+            "thr": None,
+            "rsk": acceptance,
+        }
+        return sign_control_message(claims, key)
+
+    # Forged, or about another acceptance: nothing stops.
+    assert runner.handle_control(risk_end(risk, generate_private_key_pem())) is (
+        Disposition.REFUSED
+    )
+    assert runner.handle_control(risk_end("rsk_01ARZ3NDEKTSV4RRFFQ69G5FAW")) is (
+        Disposition.APPLIED
+    )
+    assert len(_server_containers(engine, project)) == 2
+
+    assert runner.handle_control(risk_end(risk)) is Disposition.APPLIED
+    deadline = time.monotonic() + 60
+    while len(_server_containers(engine, project)) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (left,) = _server_containers(engine, project)
+    assert engine.api.inspect_container(left.id)["HostConfig"]["NetworkMode"] == "none"

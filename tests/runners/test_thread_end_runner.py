@@ -146,6 +146,7 @@ def thread_end(project: str, thread: str, *, key: bytes = CONTROL_KEY, **overrid
         "env": "env_01JENV",
         "prj": project,
         "thr": thread,
+        "rsk": None,
         **overrides,
     }
     return sign_control_message(claims, key, now=now)
