@@ -184,7 +184,10 @@ class ActionViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
     @extend_schema(parameters=[WAIT_PARAMETER], responses={200: ActionSerializer})
     def retrieve(self, request, *args, **kwargs):
         seconds = wait_seconds(request)
-        action = settle(self.get_object(), seconds, reread=thread_actions(self.thread))
+        # Read through restrict(): already with the joins the serializer reads.
+        action = self.get_object()
+        if seconds:
+            action = settle(action, seconds, reread=thread_actions(self.thread))
         return Response(ActionSerializer(action).data)
 
     @extend_schema(

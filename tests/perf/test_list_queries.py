@@ -108,3 +108,20 @@ def test_member_list_queries_do_not_grow_with_the_page(world):
     body = client.get(f"{path}?limit=50").json()
     extra = [m for m in body["results"] if m["user"]["email"].startswith("limited0")]
     assert extra and all(m["projects"] == [world.project.public_id] for m in extra)
+
+
+def test_reading_an_action_reads_its_row_once(world):
+    """GET of one action, without ``?wait=``: the lookup already joins what the answer shows,
+    so the row is not read a second time to answer."""
+    client = world["owner"].client()
+    path = (
+        f"{BASE.format(prj=world.project.public_id)}/{world.thread.public_id}"
+        f"/actions/{world.finished_action.public_id}"
+    )
+    client.get(path)
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(path)
+    assert response.status_code == 200, response.content
+    assert response.json()["id"] == world.finished_action.public_id
+    reads = [q["sql"] for q in captured.captured_queries if 'FROM "execution_action"' in q["sql"]]
+    assert len(reads) == 1, reads
