@@ -97,6 +97,13 @@ class Principal:
             )
         return self._memberships[organization.pk]
 
+    def membership_known(self, membership) -> None:
+        """Keep ``membership``, the person's own read with its organization, so that
+        ``membership_in`` asks nothing more for that organization."""
+        if self.member_user is None or membership.user_id != self.member_user.pk:
+            raise ValueError("not this principal's membership")
+        self._memberships[membership.organization_id] = membership
+
     def role_in(self, organization) -> Role | None:
         membership = self.membership_in(organization)
         return Role(membership.role) if membership else None

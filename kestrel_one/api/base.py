@@ -15,8 +15,7 @@ from rest_framework.exceptions import NotFound
 
 from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.common.errors import PermissionDenied
-from kestrel_one.tenancy.models import Organization
-from kestrel_one.tenancy.selectors import project_visible
+from kestrel_one.tenancy.selectors import organization_addressed, project_visible
 from kestrel_one.threads.models import Thread
 
 
@@ -60,9 +59,7 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)  # authentication (401) and IsPrincipal
         principal = request.auth
-        organization = (
-            Organization.objects.visible_to(principal).filter(slug=kwargs.get("org")).first()
-        )
+        organization = organization_addressed(principal, kwargs.get("org"))
         if organization is None:
             raise NotFound()
         self.organization = organization

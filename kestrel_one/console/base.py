@@ -1,7 +1,7 @@
 """The one base view every organization page of the console uses.
 
 Like the API's ``OrgScopedViewSet``: the organization comes from the URL and is resolved
-*through* the signed-in person (``Organization.objects.visible_to``), so an organization they
+*through* the signed-in person (``organization_addressed``), so an organization they
 cannot see is the same 404 page as one that does not exist; then the method's scope is
 checked (a 403 page only for members who lack it); then the sensitive methods ask for sudo
 mode. Objects are always fetched through ``self.organization`` with the selectors the API
@@ -23,6 +23,7 @@ from kestrel_one.console.paging import capped_count
 from kestrel_one.console.sudo import sudo_fresh, sudo_redirect, sudo_seconds_left
 from kestrel_one.execution.selectors import actions_awaiting_decision
 from kestrel_one.tenancy.models import Organization
+from kestrel_one.tenancy.selectors import organization_addressed
 
 
 def session_principal(request: HttpRequest) -> Principal:
@@ -57,9 +58,7 @@ class ConsoleView(View):
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         self.principal = session_principal(request)
-        organization = (
-            Organization.objects.visible_to(self.principal).filter(slug=kwargs.get("org")).first()
-        )
+        organization = organization_addressed(self.principal, kwargs.get("org"))
         if organization is None:
             raise Http404
         self.organization = organization

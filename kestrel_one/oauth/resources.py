@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from kestrel_one.tenancy.models import Organization, Project
+from kestrel_one.tenancy.models import Project
+from kestrel_one.tenancy.selectors import organization_addressed
 
 MCP_PATH = re.compile(
     r"^/api/v1/orgs/(?P<org>[-a-zA-Z0-9_]{1,100})/projects/(?P<prj>[A-Za-z0-9_]{1,64})/mcp/?$"
@@ -30,7 +31,7 @@ def resource_project(*, principal, resource: str, origin: str) -> Project | None
     match = MCP_PATH.match(parts.path)
     if match is None:
         return None
-    organization = Organization.objects.visible_to(principal).filter(slug=match["org"]).first()
+    organization = organization_addressed(principal, match["org"])
     if organization is None:
         return None
     return (

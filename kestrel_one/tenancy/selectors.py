@@ -6,7 +6,12 @@ from collections import defaultdict
 
 from django.db.models import QuerySet
 
-from kestrel_one.tenancy.models import Membership, Project, ProjectUserObjectPermission
+from kestrel_one.tenancy.models import (
+    Membership,
+    Organization,
+    Project,
+    ProjectUserObjectPermission,
+)
 
 
 def memberships_of(organization) -> QuerySet[Membership]:
@@ -36,6 +41,27 @@ def member_project_grants(memberships) -> dict[int, list[Project]]:
         if grant.content_object not in granted[grant.user_id]:
             granted[grant.user_id].append(grant.content_object)
     return dict(granted)
+
+
+def organization_addressed(principal, slug) -> Organization | None:
+    """The organization ``slug`` names, if ``principal`` may address it at all
+    (``Organization.objects.visible_to``); None is answered like a missing organization.
+
+    For a person (or the local agent's owner) it is read with their membership, in one
+    query, and the principal keeps that membership for its role and scopes.
+    """
+    member = principal.member_user
+    if member is None:
+        return Organization.objects.visible_to(principal).filter(slug=slug).first()
+    memberships = Membership.objects.filter(user=member, organization__slug=slug)
+    if principal.token is not None:
+        memberships = memberships.filter(organization_id=principal.token.organization_id)
+    membership = memberships.select_related("organization").first()
+    if membership is None:
+        return None
+    membership.user = member
+    principal.membership_known(membership)
+    return membership.organization
 
 
 def project_visible(principal, organization, public_id) -> Project | None:
