@@ -96,6 +96,8 @@ class Runner:
     reap_orphans: Callable[[str], int] = field(default=lambda call_id: 0)
     # (project, thread) -> how many warm containers of the thread were removed.
     end_thread: Callable[[str, str], int] = field(default=lambda project, thread: 0)
+    # A project was deleted: stop its warm containers and MCP servers; how many.
+    end_project: Callable[[str], int] = field(default=lambda project: 0)
     # An MCP risk acceptance ended: stop the servers started under it; how many.
     end_risk_acceptance: Callable[[str], int] = field(default=lambda acceptance: 0)
     # Starts the timer of a delayed "started" report (tests drive it by hand).
@@ -231,7 +233,14 @@ class Runner:
         return Disposition.APPLIED
 
     def _delete_project(self, message: ControlMessage) -> None:
-        """Remove a deleted project's workspace on this host: files, quota image and all."""
+        """Remove a deleted project's workspace on this host: files, quota image and all.
+
+        First its warm containers and MCP servers go (a busy one after its call): they mount
+        the workspace, and would keep its files reachable until their idle timeout.
+        """
+        stopped = self.end_project(message.prj)
+        if stopped:
+            self._log("project_containers_removed", project=message.prj, removed=stopped)
         try:
             removed = workspace_remove(self.config.workspace_root, message.prj)
         except (OSError, RunnerError) as error:

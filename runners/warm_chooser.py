@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import docker
 import docker.errors
@@ -24,7 +25,10 @@ from runners.sandbox import (
     select_backend,
 )
 from runners.sandbox.warm import DEFAULT_IDLE_SECONDS, DEFAULT_MAX_CONTAINERS
-from runners.sandbox.warm_host import remove_idle_thread_containers
+from runners.sandbox.warm_host import (
+    remove_idle_project_containers,
+    remove_idle_thread_containers,
+)
 
 # Warm sandboxes (runners.sandbox.warm): on unless KESTREL_WARM_SANDBOXES=0. The idle time
 # and the per-host cap are read here rather than in RunnerConfig because they tune a cache,
@@ -124,18 +128,42 @@ class WarmBackendChooser:
         A container busy with a call is left to finish it; the process running it removes
         it at check-in (``WarmDockerBackend.thread_ended``).
         """
+        return self._end(
+            f"thread {thread}",
+            lambda client: remove_idle_thread_containers(
+                client, project=project, thread=thread, runner_id=runner_id
+            ),
+            lambda backend: backend.end_thread(project, thread),
+        )
+
+    def end_project(self, project: str, *, runner_id: str) -> int:
+        """The project was deleted: remove the idle warm containers of all its threads of
+        every worker process of this runner (they mount its workspace), and drop them from
+        this process's pool; how many went on the engine."""
+        return self._end(
+            f"project {project}",
+            lambda client: remove_idle_project_containers(
+                client, project=project, runner_id=runner_id
+            ),
+            lambda backend: backend.end_project(project),
+        )
+
+    def _end(
+        self,
+        what: str,
+        remove_idle: Callable[[Any], int],
+        drop: Callable[[WarmDockerBackend], object],
+    ) -> int:
         backend = self.backend
         try:
             client = backend.client if backend is not None else docker.from_env()
         except docker.errors.DockerException as error:
-            log.warning("cannot reach the engine to end thread %s: %s", thread, error)
+            log.warning("cannot reach the engine to end %s: %s", what, error)
             return 0
         try:
-            removed = remove_idle_thread_containers(
-                client, project=project, thread=thread, runner_id=runner_id
-            )
+            removed = remove_idle(client)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-            log.warning("could not remove the warm containers of thread %s: %s", thread, error)
+            log.warning("could not remove the warm containers of %s: %s", what, error)
             removed = 0
         finally:
             if backend is None:
@@ -143,5 +171,5 @@ class WarmBackendChooser:
         if backend is not None:
             # After the engine pass, so its count includes this process's idle container;
             # removing it again here is a no-op, a busy one goes at check-in.
-            backend.end_thread(project, thread)
+            drop(backend)
         return removed

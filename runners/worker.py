@@ -169,6 +169,16 @@ def current_runner() -> Runner:
                     if docker_capable
                     else (lambda project, thread: 0)
                 ),
+                end_project=(
+                    (
+                        lambda project: (
+                            chooser.end_project(project, runner_id=config.runner_id)
+                            + (mcp.end_project(project) if mcp is not None else 0)
+                        )
+                    )
+                    if docker_capable
+                    else (lambda project: 0)
+                ),
                 end_risk_acceptance=(
                     mcp.end_risk_acceptance if mcp is not None else (lambda acceptance: 0)
                 ),

@@ -272,6 +272,11 @@ class DockerMcpServers:
             lambda spec: (spec.get("project"), spec.get("thread")) == (project, thread)
         )
 
+    def end_project(self, project: str) -> int:
+        """Stop the warm servers of every thread of a deleted project on this host (busy ones
+        after their call): they mount its workspace, and no call of it comes again."""
+        return self._stop_where(lambda spec: spec.get("project") == project)
+
     def end_risk_acceptance(self, acceptance: str) -> int:
         """Stop the warm servers on this host whose profile is under risk acceptance
         ``acceptance`` (busy ones after their call): it ended, and their containers have the

@@ -340,6 +340,19 @@ class WarmDockerBackend(SandboxBackend):
             self._remove(sandbox)
         return True
 
+    def end_project(self, project: str) -> int:
+        """Remove the project's containers of this process now (it was deleted); how many.
+
+        A container busy with a call is left to finish it and removed at check-in.
+        """
+        with self._lock:
+            keys = [key for key in self._sandboxes if key[0] == project]
+            gone = [self._sandboxes.pop(key) for key in keys]
+        for sandbox in gone:
+            if not sandbox.busy:
+                self._remove(sandbox)
+        return len(gone)
+
     def close(self) -> None:
         """Remove every idle container of this process (the worker is shutting down)."""
         with self._lock:

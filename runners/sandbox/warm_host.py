@@ -224,6 +224,19 @@ def remove_idle_thread_containers(
     return _remove_idle(client, filters)
 
 
+def remove_idle_project_containers(client: Any, *, project: str, runner_id: str) -> int:
+    """Remove the idle warm containers of every thread of a deleted project, whichever
+    worker process keeps them (as ``remove_idle_thread_containers``). No call of the project
+    comes again; one running now is left to finish, and its process removes the container
+    when the call checks in if it no longer keeps it."""
+    filters = [
+        f"{WARM_LABEL}=true",
+        f"{LABEL_PREFIX}project={project}",
+        f"{LABEL_PREFIX}runner={runner_id}",
+    ]
+    return _remove_idle(client, filters)
+
+
 def _remove_idle(client: Any, filters: list[str]) -> int:
     """Remove the containers with all these labels that no process is using; how many."""
     removed = 0

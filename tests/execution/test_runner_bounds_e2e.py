@@ -8,6 +8,7 @@ import hashlib
 import os
 import time
 
+import docker
 import pytest
 from django.db import connection
 
@@ -15,6 +16,7 @@ from kestrel_one.accounts.principal import Principal, PrincipalKind, system_prin
 from kestrel_one.artifacts.models import Artifact
 from kestrel_one.execution.models import ActionState, Receipt
 from kestrel_one.tenancy.services import project_delete
+from runners.sandbox.docker import LABEL_PREFIX
 from runners.workspace import WorkspaceQuota
 from tests.execution.test_end_to_end import E2E_POLICY, RUNNER_ID, assert_receipt, run
 from tests.execution.workers import governed_thread, real_workers
@@ -97,14 +99,30 @@ def test_a_sandboxed_command_cannot_fill_the_host_disk(e2e):
     assert [entry["name"] for entry in listed.result["entries"]] == ["big"]
 
 
+def project_containers(project: str) -> list:
+    client = docker.from_env()
+    try:
+        return client.containers.list(
+            all=True, filters={"label": f"{LABEL_PREFIX}project={project}"}
+        )
+    finally:
+        client.close()
+
+
 def test_deleting_a_project_removes_its_workspace_through_the_runner(e2e):
     """The control plane tells the pool on commit (``project.delete``); the runner removes
-    the workspace, its quota filesystem and its image."""
+    the project's warm containers, which mount the workspace and would keep its files
+    reachable until their idle timeout, then the workspace, its quota filesystem and its
+    image."""
     wrote = run(e2e, "fs.write", {"path": "notes/a.txt", "content": "kept until deleted"})
     assert wrote.state == ActionState.SUCCEEDED, wrote.error
+    shell = run(e2e, "shell.exec", {"script": "cat notes/a.txt"})
+    assert shell.state == ActionState.SUCCEEDED, shell.error
     workspace = e2e["workspace"]
     image = WorkspaceQuota(workspace.parent).image(workspace.name)
     assert (workspace / "notes" / "a.txt").exists() and image.exists()
+    project = e2e["thread"].project.public_id
+    assert project_containers(project), "the shell call left no warm container"
 
     project_delete(actor=system_principal("tests"), project=e2e["thread"].project)
     wait_for(
@@ -113,3 +131,4 @@ def test_deleting_a_project_removes_its_workspace_through_the_runner(e2e):
         e2e,
     )
     assert not os.path.ismount(workspace)
+    wait_for(lambda: not project_containers(project), "removal of its warm container", e2e)

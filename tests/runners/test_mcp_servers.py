@@ -697,3 +697,34 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
         time.sleep(0.2)
     (left,) = _server_containers(engine, project)
     assert engine.api.inspect_container(left.id)["HostConfig"]["NetworkMode"] == "none"
+
+
+@pytest.mark.spec("MCP-1")
+def test_a_deleted_projects_servers_stop_and_another_projects_stay(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    workspace_root: Path,
+) -> None:
+    """A project's warm servers mount its workspace: when it is deleted they stop, every
+    thread's, before its workspace is removed (``Runner._delete_project``)."""
+    other = f"prj_t{uuid.uuid4().hex[:12]}"
+    other_workspace = workspace_for(workspace_root, other)
+    tools = listed(make_profile(server_image), project_workspace)
+    pinned = pin(make_profile(server_image), tools["interfaces"])
+    for name, workspace, thread in (
+        (project, project_workspace, "thr_one"),
+        (project, project_workspace, "thr_two"),
+        (other, other_workspace, "thr_one"),
+    ):
+        call(servers, pinned, "interfaces", {}, project=name, thread=thread, workspace=workspace)
+    assert len(_server_containers(engine, project)) == 2
+
+    assert servers.end_project(project) == 2
+    deadline = time.monotonic() + 60
+    while _server_containers(engine, project) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _server_containers(engine, project) == []
+    assert len(_server_containers(engine, other)) == 1

@@ -35,6 +35,7 @@ from runners.sandbox.warm_host import (
     AGENT_DIR_LABEL,
     WARM_LABEL,
     containers_running_call,
+    remove_idle_project_containers,
     remove_idle_warm_containers,
 )
 from runners.workspace import SANDBOX_UID, workspace_for
@@ -329,6 +330,30 @@ def test_ending_a_thread_removes_its_container(warm, engine, workspace, project,
     assert warm.end_thread(project, "thr_a") is True
     assert warm_ids(engine, project) == set()
     assert warm.end_thread(project, "thr_a") is False
+
+
+def test_a_deleted_projects_containers_go_in_every_process_of_the_runner(
+    docker_backend, engine, workspace, project, runner_id
+):
+    """Every thread's container of the project, whichever process keeps it, and nothing of
+    another project (``WarmBackendChooser.end_project``: the engine pass, then the pool)."""
+    other_process = WarmDockerBackend(docker_backend)
+    this_process = WarmDockerBackend(docker_backend)
+    other = f"prj_t{uuid.uuid4().hex[:12]}"
+    other_workspace = workspace_for(workspace.parent, other)
+    try:
+        shell(other_process, workspace, project, "thr_a", runner_id, "true")
+        shell(this_process, workspace, project, "thr_b", runner_id, "true")
+        shell(this_process, other_workspace, other, "thr_a", runner_id, "true")
+        assert len(warm_ids(engine, project)) == 2
+        assert remove_idle_project_containers(engine, project=project, runner_id=runner_id) == 2
+        assert this_process.end_project(project) == 1
+        assert warm_ids(engine, project) == set()
+        assert set(this_process.warm_containers()) == {(other, "thr_a")}
+        assert len(warm_ids(engine, other)) == 1
+    finally:
+        other_process.close()
+        this_process.close()
 
 
 def test_a_failed_probe_removes_the_container_and_fails_closed(
