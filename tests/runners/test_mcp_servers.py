@@ -553,6 +553,32 @@ def test_a_bridged_server_gets_the_open_network_with_the_host_blocked(
     assert seen.output.decode().strip() == "dropped"
 
 
+def runner_of(
+    servers: DockerMcpServers,
+    tmp_path: Path,
+    workspace_root: Path,
+    runner_redis: Any,
+    runner_key: bytes,
+    **fields: Any,
+) -> Runner:
+    """A runner of ``servers``' id on real call state; ``fields`` are the Runner's others."""
+    config = runner_config(
+        tmp_path,
+        runner_id=servers.runner_id,
+        pool=POOL,
+        runner_key=runner_key,
+        control_public_key=CONTROL_PUBLIC,
+        workspace_root=workspace_root,
+    )
+    return Runner(
+        config=config,
+        private_key=config.private_key(),
+        control_public_key=config.control_public_key(),
+        state=CallState(runner_redis, worker="mcp-test"),
+        **fields,
+    )
+
+
 @pytest.mark.spec("MCP-1")
 def test_a_signed_mcp_call_runs_through_the_runner_and_a_change_is_reported_with_details(
     server_image: str,
@@ -567,21 +593,14 @@ def test_a_signed_mcp_call_runs_through_the_runner_and_a_change_is_reported_with
     bwrap_backend: Any,
 ) -> None:
     runner_key = generate_private_key_pem()
-    config = runner_config(
-        tmp_path,
-        runner_id=servers.runner_id,
-        pool=POOL,
-        runner_key=runner_key,
-        control_public_key=CONTROL_PUBLIC,
-        workspace_root=workspace_root,
-    )
     sent: list[str] = []
     backends = {"current": docker_backend}
-    runner = Runner(
-        config=config,
-        private_key=config.private_key(),
-        control_public_key=config.control_public_key(),
-        state=CallState(runner_redis, worker="mcp-test"),
+    runner = runner_of(
+        servers,
+        tmp_path,
+        workspace_root,
+        runner_redis,
+        runner_key,
         report=sent.append,
         choose_backend=lambda preference: backends["current"],
         mcp_servers=servers,
@@ -598,7 +617,7 @@ def test_a_signed_mcp_call_runs_through_the_runner_and_a_change_is_reported_with
         assert runner.handle(sign_command(claims, CONTROL_KEY)) is Disposition.RAN
         finished = [
             verify_result(
-                t, runner_public_key=public_key_pem(runner_key), runner_id=config.runner_id
+                t, runner_public_key=public_key_pem(runner_key), runner_id=servers.runner_id
             )
             for t in sent
         ]
@@ -653,19 +672,12 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
             workspace=project_workspace,
         )
     assert len(_server_containers(engine, project)) == 2
-    config = runner_config(
+    runner = runner_of(
+        servers,
         tmp_path,
-        runner_id=servers.runner_id,
-        pool=POOL,
-        runner_key=generate_private_key_pem(),
-        control_public_key=CONTROL_PUBLIC,
-        workspace_root=workspace_root,
-    )
-    runner = Runner(
-        config=config,
-        private_key=config.private_key(),
-        control_public_key=config.control_public_key(),
-        state=CallState(runner_redis, worker="mcp-test"),
+        workspace_root,
+        runner_redis,
+        generate_private_key_pem(),
         report=lambda token: None,
         end_risk_acceptance=servers.end_risk_acceptance,
     )
