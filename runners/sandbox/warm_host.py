@@ -227,8 +227,9 @@ def remove_idle_thread_containers(
 def remove_idle_project_containers(client: Any, *, project: str, runner_id: str) -> int:
     """Remove the idle warm containers of every thread of a deleted project, whichever
     worker process keeps them (as ``remove_idle_thread_containers``). No call of the project
-    comes again; one running now is left to finish, and its process removes the container
-    when the call checks in if it no longer keeps it."""
+    comes again. A container running a call now is left to finish it: the process that got
+    the notice removes its own at check-in (``WarmDockerBackend.end_project``); one busy in
+    another process stays until its idle timeout, serving nothing more."""
     filters = [
         f"{WARM_LABEL}=true",
         f"{LABEL_PREFIX}project={project}",
