@@ -235,12 +235,22 @@ class Runner:
     def _delete_project(self, message: ControlMessage) -> None:
         """Remove a deleted project's workspace on this host: files, quota image and all.
 
-        First its warm containers and MCP servers go (a busy one after its call): they mount
-        the workspace, and would keep its files reachable until their idle timeout.
+        First its warm containers and MCP servers go (docs/runners.md says when a busy one
+        does): they mount the workspace, and would keep its files reachable until their idle
+        timeout. Failing that, the workspace is removed all the same.
         """
-        stopped = self.end_project(message.prj)
-        if stopped:
-            self._log("project_containers_removed", project=message.prj, removed=stopped)
+        try:
+            stopped = self.end_project(message.prj)
+        except Exception as error:
+            self._log(
+                "project_containers_remove_failed",
+                level=logging.ERROR,
+                project=message.prj,
+                error=f"{type(error).__name__}: {error}"[:500],
+            )
+        else:
+            if stopped:
+                self._log("project_containers_removed", project=message.prj, removed=stopped)
         try:
             removed = workspace_remove(self.config.workspace_root, message.prj)
         except (OSError, RunnerError) as error:

@@ -35,6 +35,7 @@ from runners.contract.tokens import (
     generate_private_key_pem,
     public_key_pem,
     sign_command,
+    sign_control_message,
     verify_result,
 )
 from runners.runner import Disposition, Runner
@@ -882,3 +883,35 @@ def test_only_a_process_of_the_calls_own_gets_an_adapter_broker(
         "shell.exec",
         "code.python",
     }
+
+
+def test_a_deleted_projects_workspace_goes_even_when_its_containers_cannot_be_stopped(
+    runner, workspace_root, caplog
+):
+    """The project's warm containers go first; an engine that fails then does not keep its
+    workspace on the host."""
+    workspace = workspace_root / PROJECT
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("deleted with the project")
+
+    def engine_gone(project: str) -> int:
+        raise RuntimeError("the engine does not answer")
+
+    runner.end_project = engine_gone
+    notice = sign_control_message(
+        {
+            "aud": f"runner.{POOL}",
+            "type": "project.delete",
+            "org": "org_01JORG",
+            "env": "env_01JENV",
+            "prj": PROJECT,
+            "thr": None,
+            "rsk": None,
+        },
+        CONTROL_KEY,
+    )
+    with caplog.at_level(logging.INFO, logger="kestrel.runner"):
+        assert runner.handle_control(notice) is Disposition.APPLIED
+    assert not workspace.exists()
+    assert "project_containers_remove_failed" in caplog.text
+    assert "workspace_removed" in caplog.text
