@@ -23,11 +23,13 @@ call id unclaimed while it could still verify. A redelivered copy arriving after
 refused as expired, and the control plane's sweep ends the call. Leases compare wall clocks
 across hosts; keep runners on NTP.
 
-One more key is not about a call: ``kestrel:thread-ended:<prj>:<thr>``, set when a verified
-``thread.end`` control message arrives, so that every worker process of every host of the
-pool (not only the one that received the message) stops keeping that thread's sandbox warm.
-It is a cache hint, kept ``THREAD_ENDED_SECONDS``; authority stays with the control plane,
-which refuses new calls on an ended thread.
+Two more keys are not about a call: ``kestrel:thread-ended:<prj>:<thr>``, set when a
+verified ``thread.end`` control message arrives, and ``kestrel:project-deleted:<prj>``, set
+on a ``project.delete`` (every thread of a deleted project has ended), so that every worker
+process of every host of the pool (not only the one that received the message) stops
+keeping those threads' sandboxes and servers warm. They are cache hints, kept
+``THREAD_ENDED_SECONDS``; authority stays with the control plane, which refuses new calls on
+an ended thread or a deleted project.
 
 A runner keeps these keys under its pool's namespace (``kestrel:pool:<pool>:call:<jti>``
 and so on, ``runners.contract.broker_access``): its broker user reaches no other pool's
@@ -83,6 +85,7 @@ DEFAULT_NAMESPACE = "kestrel:"
 _CALL_KEY = "call:{}"
 _RESULT_KEY = "result:{}"
 _THREAD_ENDED_KEY = "thread-ended:{}:{}"
+_PROJECT_DELETED_KEY = "project-deleted:{}"
 
 # Replace the value only if it is still exactly what the caller last saw: a heartbeat or a
 # take-over can never overwrite a lease that someone else has since claimed.
@@ -212,9 +215,20 @@ class CallState:
         """Record that ``thread`` ended (from a verified control message)."""
         self.client.set(self._key(_THREAD_ENDED_KEY, project, thread), "1", ex=THREAD_ENDED_SECONDS)
 
+    def mark_project_deleted(self, project: str) -> None:
+        """Record that ``project`` was deleted (from a verified control message): each of its
+        threads has ended."""
+        self.client.set(self._key(_PROJECT_DELETED_KEY, project), "1", ex=THREAD_ENDED_SECONDS)
+
     def thread_ended(self, project: str, thread: str) -> bool:
-        """Whether a ``thread.end`` for this thread reached any runner of the pool."""
-        return bool(self.client.exists(self._key(_THREAD_ENDED_KEY, project, thread)))
+        """Whether a ``thread.end`` for this thread, or a ``project.delete`` for its project,
+        reached any runner of the pool (one round trip for both)."""
+        return bool(
+            self.client.exists(
+                self._key(_THREAD_ENDED_KEY, project, thread),
+                self._key(_PROJECT_DELETED_KEY, project),
+            )
+        )
 
     def _swap(self, expected: Lease, new: Lease) -> bool:
         key = self._key(_CALL_KEY, expected.call_id)

@@ -235,10 +235,15 @@ class Runner:
     def _delete_project(self, message: ControlMessage) -> None:
         """Remove a deleted project's workspace on this host: files, quota image and all.
 
-        First its warm containers and MCP servers go (docs/runners.md says when a busy one
-        does): they mount the workspace, and would keep its files reachable until their idle
-        timeout. Failing that, the workspace is removed all the same.
+        First its warm containers and MCP servers go: they mount the workspace, and would
+        keep its files reachable until their idle timeout. The shared mark comes first, as
+        for a thread's end, so a container busy in any worker process goes when its call
+        checks in. Failing all that, the workspace is removed all the same.
         """
+        try:
+            self.state.mark_project_deleted(message.prj)
+        except redis.RedisError as error:
+            self._log("infrastructure_error", level=logging.ERROR, error=type(error).__name__)
         try:
             stopped = self.end_project(message.prj)
         except Exception as error:

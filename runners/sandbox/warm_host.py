@@ -227,9 +227,8 @@ def remove_idle_thread_containers(
 def remove_idle_project_containers(client: Any, *, project: str, runner_id: str) -> int:
     """Remove the idle warm containers of every thread of a deleted project, whichever
     worker process keeps them (as ``remove_idle_thread_containers``). No call of the project
-    comes again. A container running a call now is left to finish it: the process that got
-    the notice removes its own at check-in (``WarmDockerBackend.end_project``); one busy in
-    another process stays until its idle timeout, serving nothing more."""
+    comes again. A container running a call now is left to finish it; the process running
+    it removes it at check-in, having marked it ended (``CallState.mark_project_deleted``)."""
     filters = [
         f"{WARM_LABEL}=true",
         f"{LABEL_PREFIX}project={project}",

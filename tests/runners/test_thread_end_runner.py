@@ -242,6 +242,43 @@ def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
     assert warm_of(engine, project, "thr_a") == set()
 
 
+def project_delete(project: str) -> str:
+    return thread_end(project, None, type="project.delete")
+
+
+def test_a_deleted_projects_busy_container_in_another_process_goes_at_check_in(
+    runner, processes, engine, workspace, project, runner_id, state_client
+):
+    """The notice reaches one process; a container of the project busy in another finishes
+    its call, then goes (the shared mark), and an idle one of another thread goes at once."""
+    first, second = processes
+    runner.end_project = lambda prj: first.end_project(prj, runner_id=runner_id)
+    shell(second, workspace, project, "thr_a", runner_id, "true")  # warm, then busy below
+    shell(second, workspace, project, "thr_b", runner_id, "true")  # warm and idle
+    (busy_id,) = warm_of(engine, project, "thr_a")
+    outcome: dict = {}
+    call = threading.Thread(
+        target=lambda: outcome.update(
+            shell(second, workspace, project, "thr_a", runner_id, "sleep 2; echo finished")
+        )
+    )
+    call.start()
+    deadline = time.monotonic() + 20
+    container = engine.containers.get(busy_id)
+    while not warm_container_busy(container):
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.05)
+
+    runner.handle_control(project_delete(project))
+    assert warm_of(engine, project, "thr_b") == set()
+    assert warm_of(engine, project, "thr_a") == {busy_id}  # never killed mid-call
+    assert CallState(state_client, worker="x").thread_ended(project, "thr_new")
+
+    call.join(30)
+    assert (outcome["exit_code"], outcome["stdout"]) == (0, "finished\n")
+    assert warm_of(engine, project, "thr_a") == set()
+
+
 # --- real worker processes ------------------------------------------------------------
 
 
