@@ -215,16 +215,15 @@ def test_thread_end_removes_the_threads_idle_containers_of_every_process_only(
     assert warm_of(engine, project, "thr_b") == other_thread
 
 
-def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
-    runner, processes, engine, workspace, project, runner_id
-):
-    _, second = processes
-    shell(second, workspace, project, "thr_a", runner_id, "true")  # warm, then busy below
-    (container_id,) = warm_of(engine, project, "thr_a")
+def busy_call(chooser, engine, workspace, project, thread, runner_id):
+    """Warm ``thread``'s container in ``chooser``, then keep it busy with a two-second call
+    in a thread of this test: (that thread, the call's outcome once joined, the container)."""
+    shell(chooser, workspace, project, thread, runner_id, "true")
+    (container_id,) = warm_of(engine, project, thread)
     outcome: dict = {}
     call = threading.Thread(
         target=lambda: outcome.update(
-            shell(second, workspace, project, "thr_a", runner_id, "sleep 2; echo finished")
+            shell(chooser, workspace, project, thread, runner_id, "sleep 2; echo finished")
         )
     )
     call.start()
@@ -233,6 +232,14 @@ def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
     while not warm_container_busy(container):
         assert time.monotonic() < deadline, "the call never started"
         time.sleep(0.05)
+    return call, outcome, container_id
+
+
+def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
+    runner, processes, engine, workspace, project, runner_id
+):
+    _, second = processes
+    call, outcome, container_id = busy_call(second, engine, workspace, project, "thr_a", runner_id)
 
     runner.handle_control(thread_end(project, "thr_a"))
     assert warm_of(engine, project, "thr_a") == {container_id}  # never killed mid-call
@@ -253,21 +260,8 @@ def test_a_deleted_projects_busy_container_in_another_process_goes_at_check_in(
     its call, then goes (the shared mark), and an idle one of another thread goes at once."""
     first, second = processes
     runner.end_project = lambda prj: first.end_project(prj, runner_id=runner_id)
-    shell(second, workspace, project, "thr_a", runner_id, "true")  # warm, then busy below
     shell(second, workspace, project, "thr_b", runner_id, "true")  # warm and idle
-    (busy_id,) = warm_of(engine, project, "thr_a")
-    outcome: dict = {}
-    call = threading.Thread(
-        target=lambda: outcome.update(
-            shell(second, workspace, project, "thr_a", runner_id, "sleep 2; echo finished")
-        )
-    )
-    call.start()
-    deadline = time.monotonic() + 20
-    container = engine.containers.get(busy_id)
-    while not warm_container_busy(container):
-        assert time.monotonic() < deadline, "the call never started"
-        time.sleep(0.05)
+    call, outcome, busy_id = busy_call(second, engine, workspace, project, "thr_a", runner_id)
 
     runner.handle_control(project_delete(project))
     assert warm_of(engine, project, "thr_b") == set()
