@@ -46,6 +46,10 @@ MIN_REPORT_BYTES = 16 * 1024
 DEFAULT_WORKSPACE_QUOTA_MB = 1024
 # One call may grow its workspace by this much at most (runners.write_budget).
 DEFAULT_CALL_WRITE_BUDGET_MB = 256
+# How often a runner tells the control plane which workspaces it keeps, besides at start
+# (runners.inventory): the bound on how long a deleted project's files outlive a missed
+# project.delete on a host that is up.
+DEFAULT_WORKSPACE_INVENTORY_SECONDS = 600.0
 
 _RUNNER_ID = re.compile(r"^run_[A-Za-z0-9_-]{1,124}$")
 _POOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -82,6 +86,7 @@ class RunnerConfig:
     # The organization a dedicated runner was enrolled for (its public id); None for a
     # shared runner. A command bound to any other organization is refused.
     organization: str | None = None
+    workspace_inventory_s: float = DEFAULT_WORKSPACE_INVENTORY_SECONDS
 
     @property
     def call_write_budget_bytes(self) -> int:
@@ -186,6 +191,12 @@ class RunnerConfig:
         read_max = env_whole_number(
             env, "KESTREL_READ_MAX_FILE_BYTES", DEFAULT_READ_MAX_FILE_BYTES, hint=" of bytes"
         )
+        inventory_every = env_seconds(
+            env,
+            "KESTREL_WORKSPACE_INVENTORY_SECONDS",
+            DEFAULT_WORKSPACE_INVENTORY_SECONDS,
+            above_zero=True,
+        )
         workspace_root = Path(required("KESTREL_WORKSPACE_ROOT"))
         if not workspace_root.is_dir():
             raise RunnerConfigError(
@@ -207,6 +218,7 @@ class RunnerConfig:
             call_write_budget_mb=budget_mb,
             read_max_file_bytes=read_max,
             organization=organization,
+            workspace_inventory_s=inventory_every,
         )
         # Read both keys now so that a bad file stops the runner at start, not at a call.
         config.private_key()

@@ -44,9 +44,11 @@ from runners.contract.names import (
     MCP_DISCOVERED_TASK,
     REPORT_QUEUE,
     REPORT_TASK,
+    WORKSPACES_TASK,
     control_exchange,
 )
 from runners.heartbeat import HEARTBEAT_EXPIRES_SECONDS, start_heartbeats
+from runners.inventory import start_workspace_inventory
 from runners.mcp.discovery import discover
 from runners.mcp.servers import (
     DockerMcpServers,
@@ -235,22 +237,27 @@ def _consume_control_messages(sender: Any = None, instance: Any = None, **_: Any
 
 
 _heartbeats: threading.Event | None = None
+_inventory: threading.Event | None = None
 
 
 @worker_ready.connect
 def _start_heartbeats(sender: Any = None, **_: Any) -> None:
     """The main process tells the control plane it is up, and with which sandbox, from now on
-    every 30 s (runners.heartbeat)."""
-    global _heartbeats
+    every 30 s (runners.heartbeat); and which workspaces it keeps, now and then every
+    KESTREL_WORKSPACE_INVENTORY_SECONDS (runners.inventory)."""
+    global _heartbeats, _inventory
     if getattr(sender, "app", None) is not app:
         return  # another Celery app's worker in this process (the signal is global)
-    _heartbeats = start_heartbeats(RunnerConfig.from_environment(), send_heartbeat)
+    config = RunnerConfig.from_environment()
+    _heartbeats = start_heartbeats(config, send_heartbeat)
+    _inventory = start_workspace_inventory(config, send_inventory)
 
 
 @worker_shutdown.connect
 def _stop_heartbeats(**_: Any) -> None:
-    if _heartbeats is not None:
-        _heartbeats.set()
+    for stop in (_heartbeats, _inventory):
+        if stop is not None:
+            stop.set()
 
 
 @worker_shutdown.connect
@@ -309,6 +316,21 @@ def send_adapter_request(request_token: str) -> None:
     as a report.
     """
     app.send_task(ADAPTER_REQUEST_TASK, args=[request_token], queue=REPORT_QUEUE, declare=[])
+
+
+def send_inventory(inventory_token: str) -> None:
+    """Send one signed part of the workspace inventory, as a heartbeat (its own connection;
+    dropped unread once it is past its lifetime)."""
+    with app.connection_for_write() as connection:
+        app.send_task(
+            WORKSPACES_TASK,
+            args=[inventory_token],
+            queue=REPORT_QUEUE,
+            expires=HEARTBEAT_EXPIRES_SECONDS,
+            retry=False,
+            connection=connection,
+            declare=[],
+        )
 
 
 def send_heartbeat(heartbeat_token: str) -> None:

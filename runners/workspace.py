@@ -124,6 +124,24 @@ def workspace_remove(root: Path, project_id: str) -> bool:
     return existed
 
 
+def workspace_projects(root: Path) -> list[str]:
+    """The ids of the projects that have a workspace under ``root``, sorted: a directory
+    named by the id, or a quota filesystem image left without one. Nothing is followed or
+    opened; names that are no project id (the quota folder, temporary files) are skipped."""
+    root = Path(root)
+    projects = {
+        entry.name
+        for entry in os.scandir(root)
+        if _PROJECT_ID.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
+    }
+    quota = WorkspaceQuota(root)
+    if quota.folder.is_dir():
+        projects.update(
+            image.stem for image in quota.folder.glob("*.img") if _PROJECT_ID.fullmatch(image.stem)
+        )
+    return sorted(projects)
+
+
 class WorkspaceFull(WorkspaceError):
     """The workspace's filesystem has no room left (its quota)."""
 

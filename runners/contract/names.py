@@ -20,6 +20,7 @@ __all__ = [
     "REPORT_QUEUE",
     "REPORT_TASK",
     "RESULT_AUDIENCE",
+    "WORKSPACES_TASK",
     "command_audience",
     "control_exchange",
     "runner_queue",
@@ -31,10 +32,12 @@ RESULT_AUDIENCE = "kestrel-control"
 
 # The control plane's own queue; every ``control.*`` task is routed there.
 CONTROL_QUEUE = "control"
-# Runner -> control plane: signed reports and heartbeats, on ``CONTROL_QUEUE``.
+# Runner -> control plane: signed reports, heartbeats and inventories, on ``CONTROL_QUEUE``.
 REPORT_TASK = "control.ingest_result"
 REPORT_QUEUE = CONTROL_QUEUE
 HEARTBEAT_TASK = "control.runner_heartbeat"
+# Runner -> control plane: the projects whose workspaces it keeps (runners.contract.inventory).
+WORKSPACES_TASK = "control.runner_workspaces"
 # Runner -> control plane: a workload's signed adapter request, through the broker beside its
 # sandbox (runners.adapter_broker); the answer comes back on a list in the pool's namespace.
 ADAPTER_REQUEST_TASK = "control.adapter_request"

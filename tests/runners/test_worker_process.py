@@ -29,6 +29,7 @@ from django.conf import settings
 from kombu import Connection
 
 from runners.contract.canonical import token_digest
+from runners.contract.inventory import WorkspaceInventory, verify_workspace_inventory
 from runners.contract.tokens import (
     Heartbeat,
     RunnerReport,
@@ -124,6 +125,7 @@ class FakeControl:
         self.inbox = self.connection.SimpleQueue("control")
         self.reports: list[RunnerReport] = []
         self.heartbeats: list[Heartbeat] = []
+        self.inventories: list[WorkspaceInventory] = []
 
     def close(self) -> None:
         self.inbox.close()
@@ -171,6 +173,13 @@ class FakeControl:
             if message.headers["task"] == "control.runner_heartbeat":
                 self.heartbeats.append(
                     verify_heartbeat(
+                        token, runner_public_key=self.runner_public, runner_id=self.runner_id
+                    )
+                )
+                continue
+            if message.headers["task"] == "control.runner_workspaces":
+                self.inventories.append(
+                    verify_workspace_inventory(
                         token, runner_public_key=self.runner_public, runner_id=self.runner_id
                     )
                 )
@@ -305,6 +314,9 @@ def test_round_trip_write_read_exec_through_docker(runner_setup, workspace_root)
     assert control.heartbeats, "no heartbeat arrived"
     assert {beat.sandbox for beat in control.heartbeats} == {"docker"}
     assert {beat.pool for beat in control.heartbeats} == {control.pool}
+    # And which workspaces its host keeps, signed, as soon as it was ready.
+    assert control.inventories, "no workspace inventory arrived"
+    assert {part.pool for part in control.inventories} == {control.pool}
 
 
 def test_tampered_commands_sent_to_the_worker_do_nothing(runner_setup, workspace_root):
