@@ -7,8 +7,8 @@ broadcast queue. On the Redis broker that is PUBLISH/SUBSCRIBE: nothing is store
 worker that is down or reconnecting misses the message. That is acceptable for what is sent
 here: for ``thread.end`` and ``mcp.risk.end`` a runner's idle timeout and its cleanup at
 start remove what the message would have removed, only later; a missed ``project.delete``
-(remove the deleted project's workspace) leaves the workspace on that host until an operator
-removes it (docs/runners.md#control-messages).
+(remove the deleted project's workspace) is sent again when the host's next workspace
+inventory lists the workspace (``kestrel_one.execution.inventory``, docs/runners.md).
 
 Messages are signed with the command-signing key, as ``kestrel-control+jwt`` tokens bound to
 org/env and the project, thread or risk acceptance they concern, with a short lifetime;
@@ -25,7 +25,7 @@ from kombu import Exchange
 
 from kestrel_one.celery import app
 from kestrel_one.execution.keys import control_private_key
-from kestrel_one.execution.models import Action
+from kestrel_one.execution.models import Action, DeletedProject
 from kestrel_one.tenancy.signals import project_deleting
 from kestrel_one.threads.selectors import thread_scope
 from kestrel_one.threads.signals import thread_ended
@@ -52,16 +52,18 @@ def thread_end_notice(sender, thread, **kwargs) -> None:
 
 @receiver(project_deleting, dispatch_uid="execution-project-delete-notice")
 def project_delete_notice(sender, project, **kwargs) -> None:
-    """On a project's deletion (inside its transaction, before its rows go): after commit,
-    tell every runner pool its actions were sent to that its workspace is to be removed."""
+    """On a project's deletion (inside its transaction, before its rows go): record it as
+    deleted (``DeletedProject``, for the hosts that miss this notice: runners.inventory), and
+    after commit tell every runner pool its actions were sent to that its workspace is to be
+    removed."""
+    deleted = DeletedProject.objects.create(
+        project_public_id=project.public_id,
+        organization_public_id=project.organization.public_id,
+        environment_public_id=project.environment.public_id,
+    )
     pools = sorted(set(Action.objects.filter(project=project).values_list("pool", flat=True)))
     if pools:
-        scope = {
-            "org": project.organization.public_id,
-            "env": project.environment.public_id,
-            "prj": project.public_id,
-            "thr": None,
-        }
+        scope = deleted.control_scope()
         transaction.on_commit(
             lambda: control_announce(type_="project.delete", scope=scope, pools=pools),
             robust=True,
@@ -103,7 +105,7 @@ def control_announce(*, type_: str, scope: dict, pools: list[str]) -> int:
     it announces has happened whether or not the runners hear of it (failures are logged,
     without the token; a runner that missed a ``thread.end`` or an ``mcp.risk.end`` drops
     the warm sandboxes or servers at their idle timeout, one that missed a
-    ``project.delete`` keeps the workspace until an operator removes it)."""
+    ``project.delete`` is sent it again after its next workspace inventory)."""
     told = 0
     for pool in pools:
         try:

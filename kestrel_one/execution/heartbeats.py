@@ -10,7 +10,9 @@ probed again by the runner that takes it (RUN-5).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from django.utils import timezone
 
@@ -23,7 +25,14 @@ from runners.contract.tokens import (
     verify_heartbeat,
 )
 
-__all__ = ["SILENT_AFTER", "execution_health", "runner_heartbeat_record", "runners_up"]
+__all__ = [
+    "SILENT_AFTER",
+    "RunnerNoticeRefused",
+    "execution_health",
+    "runner_heartbeat_record",
+    "runner_notice_verified",
+    "runners_up",
+]
 
 # Three missed beats.
 SILENT_AFTER = timedelta(seconds=3 * HEARTBEAT_INTERVAL_SECONDS)
@@ -31,29 +40,39 @@ SILENT_AFTER = timedelta(seconds=3 * HEARTBEAT_INTERVAL_SECONDS)
 _SANDBOX_PREFERENCE = ("docker", "bubblewrap")
 
 
-class HeartbeatRefused(Exception):
+class RunnerNoticeRefused(Exception):
+    """A runner's heartbeat or workspace inventory that is not taken (``code`` says why)."""
+
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
 
 
-def runner_heartbeat_record(token: str) -> Runner:
-    """Verify a runner's heartbeat and record it; raises ``HeartbeatRefused``."""
+def runner_notice_verified(token: str, verify: Callable[..., Any]) -> tuple[Runner, Any]:
+    """The enrolled, unrevoked runner that signed ``token`` and what ``verify`` (a contract
+    verifier: ``verify_heartbeat``, ``verify_workspace_inventory``) made of it; refused
+    (``RunnerNoticeRefused``) unless its key checks out and it names the runner's own pool."""
     try:
         runner_id = unverified_runner_id(token)
     except ProtocolError as refused:
-        raise HeartbeatRefused(refused.code, str(refused)) from None
+        raise RunnerNoticeRefused(refused.code, str(refused)) from None
     runner = Runner.objects.filter(public_id=runner_id, revoked_at__isnull=True).first()
     if runner is None:
-        raise HeartbeatRefused("unknown_runner", f"{runner_id} is not an enrolled, active runner")
-    try:
-        heartbeat = verify_heartbeat(
-            token, runner_public_key=runner.public_key, runner_id=runner_id
+        raise RunnerNoticeRefused(
+            "unknown_runner", f"{runner_id} is not an enrolled, active runner"
         )
+    try:
+        notice = verify(token, runner_public_key=runner.public_key, runner_id=runner_id)
     except ProtocolError as refused:
-        raise HeartbeatRefused(refused.code, str(refused)) from None
-    if heartbeat.pool != runner.pool:
-        raise HeartbeatRefused("wrong_pool", f"{runner_id} is enrolled for another pool")
+        raise RunnerNoticeRefused(refused.code, str(refused)) from None
+    if notice.pool != runner.pool:
+        raise RunnerNoticeRefused("wrong_pool", f"{runner_id} is enrolled for another pool")
+    return runner, notice
+
+
+def runner_heartbeat_record(token: str) -> Runner:
+    """Verify a runner's heartbeat and record it; raises ``RunnerNoticeRefused``."""
+    runner, heartbeat = runner_notice_verified(token, verify_heartbeat)
     Runner.objects.filter(pk=runner.pk, revoked_at__isnull=True).update(
         last_seen_at=timezone.now(), sandbox=heartbeat.sandbox
     )

@@ -324,3 +324,30 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_id}:{self.key}"
+
+
+class DeletedProject(models.Model):
+    """A deleted project whose workspace runner hosts must not keep.
+
+    Written in the deletion's transaction; the project's own rows are gone. A host that
+    missed the ``project.delete`` broadcast lists the workspace in its next inventory
+    (runners.contract.inventory), and the control plane sends the message again from this
+    record. Kept: it holds only the ids a signed ``project.delete`` names, no name or data.
+    """
+
+    project_public_id = models.CharField(max_length=128, unique=True)
+    organization_public_id = models.CharField(max_length=128)
+    environment_public_id = models.CharField(max_length=128)
+    deleted_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.project_public_id
+
+    def control_scope(self) -> dict:
+        """What a ``project.delete`` control message about it names."""
+        return {
+            "org": self.organization_public_id,
+            "env": self.environment_public_id,
+            "prj": self.project_public_id,
+            "thr": None,
+        }

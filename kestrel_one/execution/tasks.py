@@ -9,7 +9,8 @@ from kestrel_one.accounts.services import sign_in_attempts_expire
 from kestrel_one.celery import app
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.execution.broker_users import runner_broker_users_reconcile
-from kestrel_one.execution.heartbeats import HeartbeatRefused, runner_heartbeat_record
+from kestrel_one.execution.heartbeats import RunnerNoticeRefused, runner_heartbeat_record
+from kestrel_one.execution.inventory import runner_workspaces_reconcile
 from kestrel_one.execution.retention import retention_sweep
 from kestrel_one.execution.services import ReportRefused, calls_sweep, report_ingest
 
@@ -59,10 +60,32 @@ def runner_heartbeat(token: str) -> None:
     """Record a runner's signed heartbeat. A refused one is logged, never retried."""
     try:
         runner = runner_heartbeat_record(token)
-    except HeartbeatRefused as refused:
+    except RunnerNoticeRefused as refused:
         logger.warning("runner heartbeat refused", code=refused.code, reason=str(refused))
         return
     logger.debug("runner heartbeat", runner=runner.public_id, sandbox=runner.sandbox)
+
+
+@app.task(
+    name="control.runner_workspaces",
+    autoretry_for=(OperationalError,),
+    max_retries=2,
+    time_limit=60,
+)
+def runner_workspaces(token: str) -> None:
+    """Answer a runner's signed workspace inventory: ``project.delete`` again for each
+    deleted project it still keeps. A refused one is logged, never retried."""
+    try:
+        outcome = runner_workspaces_reconcile(token)
+    except RunnerNoticeRefused as refused:
+        logger.warning("runner workspace inventory refused", code=refused.code, reason=str(refused))
+        return
+    if outcome.resent:
+        logger.info(
+            "deleted projects' workspaces found on a runner; project.delete sent again",
+            runner=outcome.runner,
+            projects=list(outcome.resent),
+        )
 
 
 @app.task(name="control.retention", time_limit=1800, soft_time_limit=1700)

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from kestrel_one.execution.heartbeats import HeartbeatRefused, runner_heartbeat_record
+from kestrel_one.execution.heartbeats import RunnerNoticeRefused, runner_heartbeat_record
 from kestrel_one.execution.models import Runner
 from runners.contract.tokens import (
     ResultRefused,
@@ -63,11 +63,11 @@ def test_a_verified_heartbeat_is_recorded_on_the_runner(runner, runner_key):
 
 
 def test_a_revoked_or_misplaced_runner_is_not_recorded(runner, runner_key):
-    with pytest.raises(HeartbeatRefused) as refused:
+    with pytest.raises(RunnerNoticeRefused) as refused:
         runner_heartbeat_record(beat(runner, runner_key, pool="elsewhere"))
     assert refused.value.code == "wrong_pool"
     Runner.objects.filter(pk=runner.pk).update(revoked_at=timezone.now())
-    with pytest.raises(HeartbeatRefused) as refused:
+    with pytest.raises(RunnerNoticeRefused) as refused:
         runner_heartbeat_record(beat(runner, runner_key))
     assert refused.value.code == "unknown_runner"
     runner.refresh_from_db()
