@@ -319,30 +319,26 @@ def send_adapter_request(request_token: str) -> None:
 
 
 def send_inventory(inventory_token: str) -> None:
-    """Send one signed part of the workspace inventory, as a heartbeat (its own connection;
-    dropped unread once it is past its lifetime)."""
-    with app.connection_for_write() as connection:
-        app.send_task(
-            WORKSPACES_TASK,
-            args=[inventory_token],
-            queue=REPORT_QUEUE,
-            expires=HEARTBEAT_EXPIRES_SECONDS,
-            retry=False,
-            connection=connection,
-            declare=[],
-        )
+    """Send one signed part of the workspace inventory, as a heartbeat."""
+    _send_notice(WORKSPACES_TASK, inventory_token)
 
 
 def send_heartbeat(heartbeat_token: str) -> None:
-    """Send a signed heartbeat; one that waited past its lifetime is dropped unread.
+    """Send a signed heartbeat; one that waited past its lifetime is dropped unread."""
+    _send_notice(HEARTBEAT_TASK, heartbeat_token)
 
-    On a connection of its own, opened for this one message: the heartbeat thread then
-    shares no connection or pool with the worker's own loop in the main process.
+
+def _send_notice(task: str, token: str) -> None:
+    """Send a runner's signed notice (a heartbeat, a workspace inventory) to the control plane.
+
+    On a connection of its own, opened for this one message: the notice threads then share no
+    connection or pool with the worker's own loop in the main process. Dropped unread once it
+    is past its lifetime.
     """
     with app.connection_for_write() as connection:
         app.send_task(
-            HEARTBEAT_TASK,
-            args=[heartbeat_token],
+            task,
+            args=[token],
             queue=REPORT_QUEUE,
             expires=HEARTBEAT_EXPIRES_SECONDS,
             retry=False,

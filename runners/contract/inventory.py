@@ -17,26 +17,19 @@ several; ``part`` and ``parts`` number them, for the logs only.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from runners.contract.names import RESULT_AUDIENCE
 from runners.contract.tokens import (
-    HEARTBEAT_LIFETIME_SECONDS,
     ResultRefused,
-    _check_time_window,
     _is_int,
     _is_public_id,
-    _is_text,
     _require,
-    _require_claim_set,
-    _sign,
-    _verified_parts,
-    _with_lifetime,
+    _sign_runner_notice,
+    _verified_runner_notice,
 )
 
 __all__ = [
@@ -54,8 +47,6 @@ INVENTORY_CLAIMS = frozenset(
 )
 # Project ids per token: about 30 bytes each, so a token stays well under 100 kB.
 MAX_INVENTORY_PROJECTS = 2000
-# It says what the host keeps now, like a heartbeat; a late one is refused as expired.
-INVENTORY_LIFETIME_SECONDS = HEARTBEAT_LIFETIME_SECONDS
 
 
 @dataclass(frozen=True)
@@ -88,21 +79,13 @@ def sign_workspace_inventory(
     now: int | None = None,
 ) -> str:
     """Sign part ``part`` of ``parts`` of runner ``runner_id``'s workspace inventory."""
-    payload = _with_lifetime(
-        {
-            "iss": runner_id,
-            "aud": RESULT_AUDIENCE,
-            "pool": pool,
-            "projects": list(projects),
-            "part": part,
-            "parts": parts,
-        },
-        lifetime=INVENTORY_LIFETIME_SECONDS,
+    return _sign_runner_notice(
+        {"pool": pool, "projects": list(projects), "part": part, "parts": parts},
+        typ=INVENTORY_TYP,
+        private_key_pem=private_key_pem,
+        runner_id=runner_id,
         now=now,
-        not_before=False,
     )
-    payload["jti"] = uuid.uuid4().hex
-    return _sign(payload, private_key_pem, typ=INVENTORY_TYP, kid=runner_id)
 
 
 def verify_workspace_inventory(
@@ -114,21 +97,15 @@ def verify_workspace_inventory(
 ) -> WorkspaceInventory:
     """The inventory in ``token`` if runner ``runner_id`` signed it; the key is looked up as
     for a report (``unverified_runner_id``). Raises ``ResultRefused``."""
-    header, claims = _verified_parts(
-        token, runner_public_key, refused=ResultRefused, typ=INVENTORY_TYP
+    claims = _verified_runner_notice(
+        token,
+        runner_public_key=runner_public_key,
+        runner_id=runner_id,
+        typ=INVENTORY_TYP,
+        claim_set=INVENTORY_CLAIMS,
+        what="inventory",
+        now=now,
     )
-    if header.get("kid") != runner_id or claims.get("iss") != runner_id:
-        raise ResultRefused("wrong_runner", "the inventory is not from the expected runner")
-    _require_claim_set(claims, INVENTORY_CLAIMS, ResultRefused)
-    for name in ("iat", "exp"):
-        _require(
-            _is_int(claims[name]) and claims[name] >= 0,
-            name,
-            "a whole number of seconds",
-            ResultRefused,
-        )
-    _require(_is_text(claims["jti"]), "jti", "a string", ResultRefused)
-    _require(_is_public_id(claims["pool"]), "pool", "a pool name", ResultRefused)
     _require(_is_project_list(claims["projects"]), "projects", _PROJECTS, ResultRefused)
     _require(
         _is_int(claims["parts"]) and claims["parts"] >= 1, "parts", "an integer >= 1", ResultRefused
@@ -139,11 +116,6 @@ def verify_workspace_inventory(
         "an integer from 1 to parts",
         ResultRefused,
     )
-    if claims["aud"] != RESULT_AUDIENCE:
-        raise ResultRefused("wrong_audience", f"an inventory is for {RESULT_AUDIENCE!r}")
-    if claims["exp"] - claims["iat"] > INVENTORY_LIFETIME_SECONDS:
-        raise ResultRefused("malformed", "an inventory lives at most two minutes")
-    _check_time_window(claims, now, ResultRefused)
     return WorkspaceInventory(**{**claims, "projects": tuple(claims["projects"])})
 
 

@@ -735,14 +735,13 @@ def sign_heartbeat(
     now: int | None = None,
 ) -> str:
     """Sign runner ``runner_id``'s heartbeat for the control plane."""
-    payload = _with_lifetime(
-        {"iss": runner_id, "aud": RESULT_AUDIENCE, "pool": pool, "sandbox": sandbox},
-        lifetime=HEARTBEAT_LIFETIME_SECONDS,
+    return _sign_runner_notice(
+        {"pool": pool, "sandbox": sandbox},
+        typ=HEARTBEAT_TYP,
+        private_key_pem=private_key_pem,
+        runner_id=runner_id,
         now=now,
-        not_before=False,
     )
-    payload["jti"] = uuid.uuid4().hex
-    return _sign(payload, private_key_pem, typ=HEARTBEAT_TYP, kid=runner_id)
 
 
 def verify_heartbeat(
@@ -754,12 +753,61 @@ def verify_heartbeat(
 ) -> Heartbeat:
     """The heartbeat in ``token`` if runner ``runner_id`` signed it; the key is looked up as
     for a report (``unverified_runner_id``). Raises ``ResultRefused``."""
-    header, claims = _verified_parts(
-        token, runner_public_key, refused=ResultRefused, typ=HEARTBEAT_TYP
+    claims = _verified_runner_notice(
+        token,
+        runner_public_key=runner_public_key,
+        runner_id=runner_id,
+        typ=HEARTBEAT_TYP,
+        claim_set=HEARTBEAT_CLAIMS,
+        what="heartbeat",
+        now=now,
     )
+    _require(
+        claims["sandbox"] in HEARTBEAT_SANDBOXES,
+        "sandbox",
+        f"one of {sorted(HEARTBEAT_SANDBOXES)}",
+        ResultRefused,
+    )
+    return Heartbeat(**claims)
+
+
+def _sign_runner_notice(
+    claims: Mapping[str, Any],
+    *,
+    typ: str,
+    private_key_pem: bytes | str | Ed25519PrivateKey,
+    runner_id: str,
+    now: int | None,
+) -> str:
+    """Sign a runner's notice to the control plane (a heartbeat, a workspace inventory):
+    ``claims`` with ``iss``, ``aud``, a two-minute lifetime and a fresh ``jti``."""
+    payload = _with_lifetime(
+        {"iss": runner_id, "aud": RESULT_AUDIENCE, **claims},
+        lifetime=HEARTBEAT_LIFETIME_SECONDS,
+        now=now,
+        not_before=False,
+    )
+    payload["jti"] = uuid.uuid4().hex
+    return _sign(payload, private_key_pem, typ=typ, kid=runner_id)
+
+
+def _verified_runner_notice(
+    token: str,
+    *,
+    runner_public_key: bytes | str | Ed25519PublicKey,
+    runner_id: str,
+    typ: str,
+    claim_set: frozenset[str],
+    what: str,
+    now: float | None,
+) -> dict[str, Any]:
+    """The claims of a runner's notice of type ``typ`` that runner ``runner_id`` signed,
+    with exactly ``claim_set`` and the checks every notice shares (times, ``jti``, ``pool``,
+    audience, lifetime); the caller checks the claims of its own. Raises ``ResultRefused``."""
+    header, claims = _verified_parts(token, runner_public_key, refused=ResultRefused, typ=typ)
     if header.get("kid") != runner_id or claims.get("iss") != runner_id:
-        raise ResultRefused("wrong_runner", "the heartbeat is not from the expected runner")
-    _require_claim_set(claims, HEARTBEAT_CLAIMS, ResultRefused)
+        raise ResultRefused("wrong_runner", f"the {what} is not from the expected runner")
+    _require_claim_set(claims, claim_set, ResultRefused)
     for name in ("iat", "exp"):
         _require(
             _is_int(claims[name]) and claims[name] >= 0,
@@ -769,18 +817,12 @@ def verify_heartbeat(
         )
     _require(_is_text(claims["jti"]), "jti", "a string", ResultRefused)
     _require(_is_public_id(claims["pool"]), "pool", "a pool name", ResultRefused)
-    _require(
-        claims["sandbox"] in HEARTBEAT_SANDBOXES,
-        "sandbox",
-        f"one of {sorted(HEARTBEAT_SANDBOXES)}",
-        ResultRefused,
-    )
     if claims["aud"] != RESULT_AUDIENCE:
-        raise ResultRefused("wrong_audience", f"a heartbeat is for {RESULT_AUDIENCE!r}")
+        raise ResultRefused("wrong_audience", f"a {what} is for {RESULT_AUDIENCE!r}")
     if claims["exp"] - claims["iat"] > HEARTBEAT_LIFETIME_SECONDS:
-        raise ResultRefused("malformed", "a heartbeat lives at most two minutes")
+        raise ResultRefused("malformed", f"a {what} lives at most two minutes")
     _check_time_window(claims, now, ResultRefused)
-    return Heartbeat(**claims)
+    return claims
 
 
 def _check_result_claims(claims: Mapping[str, Any]) -> None:
