@@ -28,10 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict[str, Path]]:
+def real_workers(
+    base: Path, *, runner_id: str, database: dict, runner: bool = True
+) -> Iterator[dict[str, Path]]:
     """A runner worker (pool ``default``, Docker sandbox) and a control worker, both real
     Celery processes on the test broker, with their key files, workspaces and logs under
-    ``base``. Yields ``key``, ``control``, ``workspaces`` and ``logs`` (the folder)."""
+    ``base``. Yields ``key``, ``control``, ``workspaces`` and ``logs`` (the folder). With
+    ``runner=False`` only the control worker starts: the test starts and stops its runners
+    itself (``runner_worker``)."""
     files = {
         "key": base / "runner.key",
         "control": base / "control.pub",
@@ -43,8 +47,24 @@ def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict
     files["control"].write_text(control_public_key_pem())
     files["workspaces"].mkdir()
     redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("runner.default", "control")
+    processes = [runner_worker(files, runner_id=runner_id)] if runner else []
+    processes.append(control_worker(base, database=database))
+    try:
+        yield files
+    finally:
+        for process in processes:
+            stop(process)
+        unmount_workspace_quotas(files["workspaces"])  # a runner that had to be killed
+
+
+def runner_worker(
+    files: dict[str, Path], *, runner_id: str, log_name: str = "runner.log"
+) -> subprocess.Popen:
+    """A real runner worker (pool ``default``, Docker sandbox) with the key, control key and
+    workspaces of ``files`` (as ``real_workers`` makes them), logging to ``log_name`` in
+    ``files["logs"]``. Another one started on the same files is the same host restarted."""
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("KESTREL_", "DJANGO_"))}
-    runner = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", "2"],
         cwd=ROOT,
         env={
@@ -58,16 +78,9 @@ def real_workers(base: Path, *, runner_id: str, database: dict) -> Iterator[dict
             "KESTREL_SANDBOX": "docker",
             "KESTREL_MAX_CALL_SECONDS": "60",
         },
-        stdout=(base / "runner.log").open("w"),
+        stdout=(files["logs"] / log_name).open("w"),
         stderr=subprocess.STDOUT,
     )
-    control = control_worker(base, database=database)
-    try:
-        yield files
-    finally:
-        stop(runner)
-        stop(control)
-        unmount_workspace_quotas(files["workspaces"])  # a runner that had to be killed
 
 
 def control_worker(
