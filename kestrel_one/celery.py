@@ -1,8 +1,10 @@
 """The control plane's Celery app (the runner has its own in ``runners.worker``)."""
 
+import logging.config
 import os
 
 from celery import Celery, signals
+from django.conf import settings
 from django.db import close_old_connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kestrel_one.settings")
@@ -10,6 +12,19 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kestrel_one.settings")
 app = Celery("kestrel_one")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@signals.setup_logging.connect
+def _log_as_the_web_process(**_) -> None:
+    """A worker logs through ``settings.LOGGING`` as the web process does: JSON, with every
+    line redacted (``redact_log_event``) and at ``KESTREL_LOG_LEVEL``.
+
+    Without a receiver of this signal Celery replaces the root logger's handlers with its
+    own plain formatter, which skips the redaction, in the only processes that decrypt
+    credentials (adapters, the model gateway, webhook deliveries). With one, Celery leaves
+    logging to it.
+    """
+    logging.config.dictConfig(settings.LOGGING)
 
 
 @signals.worker_init.connect

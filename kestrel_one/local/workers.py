@@ -145,8 +145,6 @@ def control_worker_argv(
         str(concurrency),
         "--without-gossip",
         "--without-mingle",
-        "--loglevel",
-        "INFO",
     ]
     if beat_schedule:
         argv += ["--beat", "--schedule", beat_schedule]
