@@ -13,6 +13,7 @@ retention like every other event.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import structlog
@@ -21,6 +22,7 @@ from django.db import transaction
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.common.redaction import redact_text
 from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.services import control_call_claim, control_call_finish
 from kestrel_one.gateway.api import model_request_check
@@ -33,8 +35,9 @@ from policies import Request
 logger = structlog.get_logger(__name__)
 
 TOOL = "model.invoke"
-# A thread event keeps at most this much of one message's text; a longer text is cut into
-# parts of this size, each its own event (events are bounded: threads.services).
+# A thread event keeps at most this much of one message's text, in bytes of its JSON form; a
+# longer text is cut into parts of this size, each its own event (events are bounded:
+# threads.services).
 EVENT_TEXT_BYTES = 3000
 
 
@@ -76,9 +79,27 @@ def model_call_admit(*, organization, project=None, user, token, canonical: dict
     return {**canonical, "credential": reference["credential"]}
 
 
+def text_parts(text: str, max_bytes: int = EVENT_TEXT_BYTES) -> list[str]:
+    """``text`` redacted whole, then cut into parts whose JSON form (as an event stores it,
+    non-ASCII characters escaped) is at most ``max_bytes``, never inside a character.
+
+    Redacted before the cut: a secret across a cut would be two halves that no pattern
+    recognises, each event being redacted on its own. Measured as JSON: a part of 3000
+    UTF-8 bytes of accented text is 9000 bytes as an event, which the event bound cut."""
+    clean = redact_text(text)
+    parts, start, size = [], 0, 0
+    for index, char in enumerate(clean):
+        cost = 1 if " " <= char <= "~" and char not in '"\\' else len(json.dumps(char)) - 2
+        if size + cost > max_bytes:
+            parts.append(clean[start:index])
+            start, size = index, 0
+        size += cost
+    parts.append(clean[start:])
+    return parts
+
+
 def _text_events(thread, action, kind: str, role: str, text: str, index: int) -> None:
-    raw = text.encode()
-    parts = [raw[i : i + EVENT_TEXT_BYTES] for i in range(0, len(raw), EVENT_TEXT_BYTES)] or [b""]
+    parts = text_parts(text)
     for number, part in enumerate(parts, start=1):
         event_append(
             thread=thread,
@@ -90,7 +111,7 @@ def _text_events(thread, action, kind: str, role: str, text: str, index: int) ->
                 "role": role,
                 "part": number,
                 "parts": len(parts),
-                "content": part.decode("utf-8", "ignore"),
+                "content": part,
             },
         )
 

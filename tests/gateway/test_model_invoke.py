@@ -100,6 +100,34 @@ def test_a_long_completion_or_prompt_is_kept_whole_in_numbered_parts(gateway_wor
     assert "".join(p["content"] for p in parts) == long_prompt
 
 
+@pytest.mark.spec("CRED-1", "AUD-2")
+def test_a_secret_across_a_parts_cut_is_redacted_and_no_character_is_lost(gateway_world, upstream):
+    """Each part used to be cut from the raw bytes and redacted on its own: a token across
+    the 3000-byte cut was two halves no pattern knows, joined whole again by any reader of
+    the thread; a character across a cut was dropped from both parts, and 3000 bytes of
+    accented text, escaped as JSON, were over the event bound and cut short. The text is
+    redacted whole, then cut between characters by its size as JSON."""
+    world = gateway_world
+    thread = thread_of(world)
+    token = "ghp_" + "Ab3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3fG5"
+    prompt = "x" * 2980 + " " + token + " " + "é" * 1600  # the cut in the token, then in é
+    args = {**ARGS, "messages": [{"role": "user", "content": prompt}]}
+    action = action_request(
+        actor=member_principal(world), thread=thread, tool="model.invoke", args=args
+    )
+    model_invoke_run(action_id=action.public_id)
+    parts = [
+        data["content"]
+        for data in ThreadEvent.objects.filter(thread=thread, kind="model.prompt")
+        .order_by("sequence")
+        .values_list("data", flat=True)
+    ]
+    assert len(parts) > 1 and all(len(json.dumps(part)) - 2 <= 3000 for part in parts)
+    joined = "".join(parts)
+    assert token not in joined and token[:20] not in joined
+    assert joined == "x" * 2980 + " [redacted] " + "é" * 1600
+
+
 def test_a_provider_failure_fails_the_action_and_releases_the_budget(gateway_world, upstream):
     world = gateway_world
     thread = thread_of(world)
