@@ -30,10 +30,17 @@ from policies import DENY
 from runners.contract.canonical import digest
 
 
-def require_person(actor, *, requested_by_lineage: str = "", act: str, what: str) -> None:
-    """Only a person may decide, and never through a token of the lineage that made the
-    request: a token minted by a token is the same agent (accounts.ApiToken.lineage), so
-    neither the requesting token nor one minted from it (or from what minted it) decides.
+def require_person(
+    actor, *, organization, requested_by_lineage: str = "", act: str, what: str
+) -> None:
+    """Only a person holding ``actions:approve`` in ``organization`` may decide (approve or
+    deny an action, accept a plan or a task), and never through a token of the lineage that
+    made the request: a token minted by a token is the same agent
+    (accounts.ApiToken.lineage), so neither the requesting token nor one minted from it (or
+    from what minted it) decides.
+
+    The scope is checked here, where each decision is made, not only by a view's scope map:
+    task acceptance shares its endpoint with named checks, which need ``projects:write``.
 
     ``act`` and ``what`` make the messages: "approve" "this action", "accept" "this plan".
     """
@@ -44,6 +51,11 @@ def require_person(actor, *, requested_by_lineage: str = "", act: str, what: str
         )
     if not actor.is_person:
         raise PermissionDenied(f"Only a person can {act} {what}; integration tokens never can.")
+    if "actions:approve" not in actor.scopes_in(organization):
+        raise PermissionDenied(
+            f"To {act} {what} you need the actions:approve scope, which your role or this "
+            "token does not have. A token gets it only when a person makes it in the console."
+        )
     if requested_by_lineage and actor.lineage == requested_by_lineage:
         raise PermissionDenied(
             f"The token that made the request, or any token minted in the same chain (its "
@@ -125,6 +137,7 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | 
     )
     require_person(
         actor,
+        organization=action.organization,
         requested_by_lineage=action.requested_by_lineage,
         act="approve" if approve else "deny",
         what="this action",
@@ -222,6 +235,7 @@ def verification_record(
     else:
         require_person(
             actor,
+            organization=action.organization,
             requested_by_lineage=action.requested_by_lineage,
             act="accept or reject",
             what="this task",

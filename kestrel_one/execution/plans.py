@@ -101,7 +101,11 @@ def plan_accept(*, actor, plan: Plan) -> Plan:
         .get(pk=plan.pk)
     )
     require_person(
-        actor, requested_by_lineage=plan.proposed_by_lineage, act="accept", what="this plan"
+        actor,
+        organization=plan.organization,
+        requested_by_lineage=plan.proposed_by_lineage,
+        act="accept",
+        what="this plan",
     )
     if plan.state != "proposed":
         raise Conflict(f"This plan is {plan.state}; only a proposed plan can be accepted.")

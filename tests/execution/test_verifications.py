@@ -137,3 +137,35 @@ def test_binding_a_check_needs_an_integration_token_made_by_an_admin(world):
         format="json",
     )
     assert widened.status_code == 403, widened.content
+
+
+@pytest.mark.spec("POL-5")
+def test_accepting_a_task_needs_actions_approve_like_every_other_decision(world):
+    """A person's token without ``actions:approve`` (one an agent holds: made by another
+    token, or an MCP client's) is refused approving and accepting plans; it used to record a
+    person's acceptance of a task, in the person's name, on the same endpoint that named
+    checks use with ``projects:write``."""
+    member = world["member"]
+    _, agent = token_create(
+        actor=Principal(PrincipalKind.TOKEN, user=member.user, token=member.token),
+        organization=world.org,
+        name="agent",
+        scopes=["org:read", "projects:read", "projects:write"],
+    )
+    refused = bearer(agent).post(
+        verifications_url(world),
+        {"accepted": True, "evidence": "all good, trust me"},
+        format="json",
+    )
+    assert refused.status_code == 403, refused.content
+    assert refused.json()["error"]["code"] == "permission_denied"
+    assert "actions:approve" in refused.json()["error"]["message"]
+    assert not Verification.objects.exists()
+
+    accepted = member.client().post(
+        verifications_url(world),
+        {"accepted": True, "evidence": "ran the tests: 12 passed"},
+        format="json",
+    )
+    assert accepted.status_code == 201, accepted.content
+    assert accepted.json()["verified_by"] == member.user.public_id
