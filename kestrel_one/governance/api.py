@@ -14,7 +14,7 @@ from kestrel_one.common.errors import NotFound, echo
 from kestrel_one.governance import selectors, services
 from kestrel_one.governance.judging import call_judge, tool_call_admitted
 from kestrel_one.governance.models import SurfacePolicyVersion
-from kestrel_one.tenancy.models import Environment
+from kestrel_one.tenancy.models import Environment, Project
 from policies import Mode, render_decision
 from runners.contract.registry import TOOLS
 
@@ -71,10 +71,11 @@ class EnvironmentPolicyViewSet(OrgScopedViewSet):
         return Response(body)
 
     def _projects_exceeding(self, environment) -> list[dict]:
-        """Projects whose stored policy is now wider than this ceiling (they are narrowed
-        anyway: the effective policy always meets the environment)."""
+        """The projects the caller may see whose stored policy is now wider than this ceiling
+        (they are narrowed anyway: the effective policy always meets the environment)."""
         exceeding = []
-        for project in environment.projects.select_related(
+        visible = Project.objects.visible_to(self.principal, self.organization)
+        for project in visible.filter(environment=environment).select_related(
             "policy_version", "environment__policy_version"
         ):
             found = selectors.project_exceeds(project)

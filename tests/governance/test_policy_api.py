@@ -111,6 +111,31 @@ def test_environment_narrowing_narrows_projects_at_once(world):
     )
 
 
+@pytest.mark.spec("POL-3", "TEN-4")
+def test_projects_exceeding_lists_only_the_projects_the_caller_may_see(world):
+    """A member limited to one project reads the environment's policy (``org:read``): the
+    projects its ceiling narrows used to include the ones hidden from them, with their
+    policies' paths; they are now the ones the console shows, the member's own."""
+    owner = world["owner"].client()
+    assert (
+        owner.put(
+            prj_url(world), {"capabilities": {"fs.write": {"paths": ["src/**"]}}}, format="json"
+        ).status_code
+        == 200
+    )
+    narrower = {"capabilities": {"fs.read": {"paths": ["**"]}}}
+    assert owner.put(env_url(world), narrower, format="json").status_code == 200
+
+    limited = world["limited"].client()
+    assert limited.get(f"/api/v1/orgs/acme/projects/{world.project.public_id}").status_code == 404
+    shown = limited.get(env_url(world))
+    assert shown.status_code == 200, shown.content
+    assert shown.json()["projects_exceeding"] == []
+    assert [e["project"] for e in owner.get(env_url(world)).json()["projects_exceeding"]] == [
+        world.project.public_id
+    ]
+
+
 @pytest.mark.spec("POL-4")
 @pytest.mark.parametrize("mode", ["ask", "plan", "auto"])
 @pytest.mark.parametrize(
