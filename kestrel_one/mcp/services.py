@@ -27,6 +27,7 @@ from jsonschema.exceptions import SchemaError
 
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, ValidationFailed, echo
+from kestrel_one.execution.approvals import require_person
 from kestrel_one.execution.control import mcp_risk_end_notice
 from kestrel_one.mcp.discovery import discovery_start
 from kestrel_one.mcp.egress import egress_parse
@@ -598,7 +599,17 @@ def mcp_risk_accept(
     *, actor, server: McpServer, justification: Any, expires_at: datetime
 ) -> McpRiskAcceptance:
     """Record an admin's acceptance of unrestricted (bridge) networking for a custom server,
-    for its current image and base profile, until ``expires_at``."""
+    for its current image and base profile, until ``expires_at``.
+
+    A decision like an approval (``require_person``): a person holding ``actions:approve``,
+    never an integration token, the local agent or a token minted by another token, even
+    one holding ``mcp:write``."""
+    require_person(
+        actor,
+        organization=server.organization,
+        act="accept",
+        what="unrestricted networking for an MCP server",
+    )
     server = _locked_installed(server)
     if server.kind == McpServer.Kind.MANAGED:
         raise ManagedServerNetwork(

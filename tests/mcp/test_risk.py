@@ -9,7 +9,10 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.utils import timezone
+from rest_framework.test import APIClient
 
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+from kestrel_one.accounts.services import token_create
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.mcp.discovery import mcp_sweep
@@ -96,6 +99,40 @@ def test_the_longest_expiry_is_a_setting(world, ready, settings):
     admin = world["admin"].client()
     assert accept(admin, ready["id"], expires_at=later(days=4)).status_code == 400
     assert accept(admin, ready["id"], expires_at=later(days=2)).status_code == 201
+
+
+@pytest.mark.spec("POL-5")
+def test_only_a_person_holding_actions_approve_accepts_the_risk(world, ready):
+    """Accepting the risk gives a server the network: a decision, like an approval. An
+    integration token holding ``mcp:write`` used to make it (``accepted_by`` empty), and so
+    did an admin's token minted by another token, the agent's kind. Both are refused; the
+    admin's own token is not."""
+    admin = world["admin"]
+    _, integration = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="deployer",
+        scopes=["org:read", "mcp:write"],
+        integration=True,
+    )
+    _, minted = token_create(
+        actor=Principal(PrincipalKind.TOKEN, user=admin.user, token=admin.token),
+        organization=world.org,
+        name="agent",
+        scopes=["org:read", "mcp:write"],
+    )
+    for token, words in ((integration, "Only a person"), (minted, "actions:approve")):
+        client = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {token}")
+        assert client.get(f"{URL}/{ready['id']}").status_code == 200  # mcp:write works
+        refused = accept(client, ready["id"])
+        assert refused.status_code == 403, refused.content
+        assert refused.json()["error"]["code"] == "permission_denied"
+        assert words in refused.json()["error"]["message"]
+    assert not McpRiskAcceptance.objects.exists()
+    assert network(admin.client(), ready["id"])["mode"] == "none"
+    made = accept(admin.client(), ready["id"])
+    assert made.status_code == 201, made.content
+    assert McpRiskAcceptance.objects.get().accepted_by == admin.user
 
 
 def test_a_server_not_yet_discovered_cannot_be_accepted(world):
