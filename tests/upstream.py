@@ -27,9 +27,11 @@ one is 401 with the provider's own error body (Slack answers such errors with 20
 Model names the provider emulations treat specially (tests of failure paths):
 ``kestrel-upstream-error`` (500), ``kestrel-slow`` (answers after 60 s) and
 ``kestrel-echo-credential`` (400 whose error message carries the credential presented, as a
-careless upstream might: the adapters must not pass it on). Usage is deterministic: prompt
-tokens are the words of the messages (and system), the completion is the first
-``max_tokens`` words of ``REPLY``. OpenAI streams send usage only when asked with
+careless upstream might: the adapters must not pass it on) and ``kestrel-echo-credential-ok``
+(an ordinary OpenAI answer whose ``system_fingerprint`` is the credential, each stream event
+sent in two writes cut inside it: the gateway must not pass it on either). Usage is
+deterministic: prompt tokens are the words of the messages (and system), the completion is
+the first ``max_tokens`` words of ``REPLY``. OpenAI streams send usage only when asked with
 ``"stream_options": {"include_usage": true}``, as OpenAI documents.
 
 Every request is logged (method, host, path, query, headers, body) as one JSON line before
@@ -456,6 +458,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self._special_model(model, key, openai=True):
             return
+        fingerprint = key if model == "kestrel-echo-credential-ok" else "fp_kestrel"
         prompt_tokens = max(1, sum(_words(str(m.get("content", ""))) for m in messages))
         words, truncated = _completion(payload.get("max_tokens"))
         usage = {
@@ -468,7 +471,9 @@ class _Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         if payload.get("stream"):
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-            self._openai_stream(ident, created, model, words, finish, usage, include_usage)
+            self._openai_stream(
+                ident, created, model, words, finish, usage, include_usage, fingerprint
+            )
             return
         self._json(
             200,
@@ -477,7 +482,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion",
                 "created": created,
                 "model": model,
-                "system_fingerprint": "fp_kestrel",
+                "system_fingerprint": fingerprint,
                 "choices": [
                     {
                         "index": 0,
@@ -495,14 +500,16 @@ class _Handler(BaseHTTPRequestHandler):
             {"x-request-id": f"req_kestrel{created}"},
         )
 
-    def _openai_stream(self, ident, created, model, words, finish, usage, include_usage):
+    def _openai_stream(
+        self, ident, created, model, words, finish, usage, include_usage, fingerprint
+    ):
         def chunk(delta: dict, finish_reason=None) -> dict:
             body = {
                 "id": ident,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": model,
-                "system_fingerprint": "fp_kestrel",
+                "system_fingerprint": fingerprint,
                 "choices": [
                     {
                         "index": 0,
@@ -523,7 +530,12 @@ class _Handler(BaseHTTPRequestHandler):
             events.append({**chunk({}), "choices": [], "usage": usage})
         self._start_chunked(200, "text/event-stream; charset=utf-8")
         for event in events:
-            self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+            data = f"data: {json.dumps(event)}\n\n".encode()
+            if fingerprint != "fp_kestrel":  # the echoed credential: cut inside it
+                cut = data.index(fingerprint.encode()) + len(fingerprint) // 2
+                self._chunk(data[:cut])
+                data = data[cut:]
+            self._chunk(data)
         self._chunk(b"data: [DONE]\n\n")
         self._end_chunked()
 

@@ -12,24 +12,23 @@ hex and URL-encoded form, before anything is written.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
 import time
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from kestrel_one.adapters.checks import credential_reference, invocation_digest
+from kestrel_one.adapters.echoes import mask_forms, secret_forms
 from kestrel_one.adapters.models import AdapterInvocation
 from kestrel_one.adapters.registry import Adapter, Effect, Operation, get_operation, prepare_request
 from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
-from kestrel_one.common.redaction import MASK, bounded, redact_result
+from kestrel_one.common.redaction import bounded, redact_result
 from kestrel_one.credentials.release import CredentialRefused, secret_release
 from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action, ActionState
@@ -132,7 +131,7 @@ def _invoke(action, args, adapter: Adapter, operation: Operation, invocation) ->
             {"code": refused.code, "message": refused.message},
             evidence,
         )
-    secret_forms = _secret_forms(released.secret, adapter)
+    forms = secret_forms(released.secret, adapter)
     # Not under a "credential" key: redaction masks any value under such a name.
     evidence["released"] = {"record": released.record, "fingerprint": released.fingerprint}
     headers = dict(prepared.headers)
@@ -151,10 +150,10 @@ def _invoke(action, args, adapter: Adapter, operation: Operation, invocation) ->
         )
     except EgressRefused as refused:
         _invocation_release(invocation)
-        error = _clean({"code": refused.code, "message": str(refused.message)}, secret_forms)
+        error = _clean({"code": refused.code, "message": str(refused.message)}, forms)
         return _finish(action, None, "failed", None, error, evidence)
     except EgressFailed as failed:
-        error = _clean({"code": failed.code, "message": str(failed.message)}, secret_forms)
+        error = _clean({"code": failed.code, "message": str(failed.message)}, forms)
         if failed.code in NOTHING_SENT:
             _invocation_release(invocation)
             return _finish(action, None, "failed", None, error, evidence)
@@ -167,7 +166,7 @@ def _invoke(action, args, adapter: Adapter, operation: Operation, invocation) ->
     evidence["response_status"] = answer.status
     evidence["response_sha256"] = hashlib.sha256(answer.body).hexdigest()
     evidence["response_bytes"] = len(answer.body)
-    result = _clean({"status": answer.status, "body": _parsed_body(answer)}, secret_forms)
+    result = _clean({"status": answer.status, "body": _parsed_body(answer)}, forms)
     result["body"] = bounded(result["body"], max_bytes=RESULT_BODY_MAX_BYTES)
     if 200 <= answer.status < 300:
         return _finish(action, invocation, "succeeded", result, None, evidence)
@@ -328,40 +327,9 @@ def _provider_idempotency_key(action, invocation) -> str:
     return hashlib.sha256((seed + invocation.idempotency_key).encode()).hexdigest()
 
 
-def _secret_forms(secret: str, adapter: Adapter) -> list[str]:
-    """The credential as an upstream might echo it back: plain, as presented, base64 (plain
-    and URL-safe, padded or not), hex and URL-encoded."""
-    raw = secret.encode()
-    forms = {
-        secret,
-        adapter.presentation.header_value(secret),
-        base64.b64encode(raw).decode(),
-        base64.b64encode(raw).decode().rstrip("="),
-        base64.urlsafe_b64encode(raw).decode(),
-        base64.urlsafe_b64encode(raw).decode().rstrip("="),
-        raw.hex(),
-        raw.hex().upper(),
-        quote(secret, safe=""),
-    }
-    return sorted((form for form in forms if len(form) >= 6), key=len, reverse=True)
-
-
-def _clean(value: Any, secret_forms: list[str]) -> Any:
+def _clean(value: Any, forms: list[str]) -> Any:
     """``value`` with every form of the credential masked, then redacted as any result."""
-    return redact_result(_mask(value, secret_forms), known=secret_forms)
-
-
-def _mask(value: Any, forms: list[str]) -> Any:
-    if isinstance(value, dict):
-        return {_mask(str(k), forms): _mask(v, forms) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_mask(item, forms) for item in value]
-    if isinstance(value, str):
-        for form in forms:
-            if form in value:
-                value = value.replace(form, MASK)
-        return value
-    return value
+    return redact_result(mask_forms(value, forms), known=forms)
 
 
 def _parsed_body(answer) -> Any:

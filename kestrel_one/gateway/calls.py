@@ -30,6 +30,7 @@ from typing import Any
 
 import structlog
 
+from kestrel_one.adapters.echoes import EchoMask, mask_bytes, secret_forms
 from kestrel_one.adapters.registry import get_adapter, prepare_request
 from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request, egress_stream
 from kestrel_one.common.errors import KestrelError
@@ -141,12 +142,13 @@ def _release(*, organization, request: ModelRequest, reference: dict, caller):
 
 
 def _prepared(request: ModelRequest, secret: str):
-    """The operation's exact request with the credential presented as the adapter says."""
+    """The operation's exact request with the credential presented as the adapter says, and
+    the credential's forms to mask in whatever the provider answers (``adapters.echoes``)."""
     prepared = prepare_request(request.adapter, request.operation, provider_args(request))
     adapter = get_adapter(request.adapter)
     headers = dict(prepared.headers)
     headers[adapter.presentation.header] = adapter.presentation.header_value(secret)
-    return prepared, headers
+    return prepared, headers, secret_forms(secret, adapter)
 
 
 def _upstream_error(status: int, body: Any) -> GatewayError:
@@ -274,7 +276,7 @@ def model_call(
         action=action,
     )
     try:
-        prepared, headers = _prepared(request, released.secret)
+        prepared, headers, forms = _prepared(request, released.secret)
         del released
         call.request_body = prepared.body or b""
         timeout_s, max_bytes = operation_limits(request)
@@ -303,7 +305,9 @@ def model_call(
         raise
     call.digest.update(answer.body)
     call.response_bytes = len(answer.body)
-    body = _parse(answer.body)
+    # What is passed on, parsed and kept never carries the credential, even echoed.
+    raw = mask_bytes(answer.body, forms)
+    body = _parse(raw)
     input_tokens, output_tokens = usage_of(request.provider, body)
     if not 200 <= answer.status < 300:
         call.settle(
@@ -329,7 +333,7 @@ def model_call(
         usage=call.usage if settle_after else settle(),
         status=answer.status,
         body=body,
-        raw=answer.body,
+        raw=raw,
         text=completion_text(request.provider, body),
         settle=settle if settle_after else None,
     )
@@ -366,7 +370,7 @@ def model_call_stream(
     )
     stack = ExitStack()
     try:
-        prepared, headers = _prepared(request, released.secret)
+        prepared, headers, forms = _prepared(request, released.secret)
         del released
         call.request_body = prepared.body or b""
         timeout_s, max_bytes = operation_limits(request)
@@ -384,7 +388,7 @@ def model_call_stream(
             raw = b"".join(upstream.chunks())
             call.digest.update(raw)
             call.response_bytes = len(raw)
-            body = _parse(raw)
+            body = _parse(mask_bytes(raw, forms))
             call.settle(
                 "upstream_error", upstream_status=upstream.status, error_code="upstream_error"
             )
@@ -424,16 +428,18 @@ def model_call_stream(
         passed = translator.feed
         tail = translator.finish
 
+    echoes = EchoMask(forms)
+
     def events() -> Iterator[bytes]:
         outcome, error_code = "failed", "stream_closed"
         try:
             for chunk in upstream.chunks():
                 call.digest.update(chunk)
                 call.response_bytes += len(chunk)
-                out = passed(chunk)
+                out = passed(echoes.feed(chunk))
                 if out:
                     yield out
-            last = tail()
+            last = passed(echoes.finish()) + tail()
             if last:
                 yield last
             outcome, error_code = "succeeded", ""

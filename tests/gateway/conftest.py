@@ -17,6 +17,7 @@ MODELS = [
     "openai/gpt-4o-mini",
     "openai/kestrel-upstream-error",
     "openai/kestrel-echo-credential",
+    "openai/kestrel-echo-credential-ok",
     "openai/kestrel-slow",
     "anthropic/claude-3-5-haiku-latest",
     "anthropic/kestrel-upstream-error",

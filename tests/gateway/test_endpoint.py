@@ -213,6 +213,33 @@ def test_a_provider_error_echoing_the_credential_passes_none_of_it_on(gateway_wo
     )
 
 
+@pytest.mark.spec("CRED-6")
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_provider_answer_echoing_the_credential_passes_none_of_it_on(
+    gateway_world, upstream, stream
+):
+    """Adapters mask every form of the credential in every answer; the gateway passed a 2xx
+    answer on byte for byte, so a provider that echoed the key gave it to the agent. Whole
+    answers and streams are masked now, a stream even where the key is cut across two of
+    the provider's writes; the answer is otherwise as it came."""
+    world = gateway_world
+    body = {"model": "openai/kestrel-echo-credential-ok", "messages": HELLO, "stream": stream}
+    response = post(world, body)
+    assert response.status_code == 200
+    secret = upstream.secret("openai")
+    if stream:
+        events = sse_events(response)
+        assert events[-1] == "[DONE]"
+        answers = events[:-1]
+        text = "".join(c["delta"].get("content") or "" for e in answers for c in e["choices"])
+    else:
+        answers = [response.json()]
+        text = answers[0]["choices"][0]["message"]["content"]
+    assert text == "Hello from the Kestrel test upstream."
+    assert {answer["system_fingerprint"] for answer in answers} == {"[redacted]"}
+    assert secret not in json.dumps(answers) and secret[:12] not in json.dumps(answers)
+
+
 def test_a_timeout_after_sending_charges_the_whole_reservation(
     gateway_world, upstream, monkeypatch
 ):
