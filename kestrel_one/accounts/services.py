@@ -108,6 +108,14 @@ def token_create(
             "This caller is not a person; ask for an integration token instead.",
             details={"integration": ["required for a caller that is not a person"]},
         )
+    if (
+        limit_to_projects is None
+        and not integration
+        and actor.token is not None
+        and actor.token.limited_to_projects
+    ):
+        # Minted by a token limited to some projects: the same agent, limited as much.
+        limit_to_projects = list(actor.token.projects.all())
     if limit_to_projects is not None and (integration or not limit_to_projects):
         raise ValidationFailed(
             "limit_to_projects names at least one project, and only for a person's token.",

@@ -194,3 +194,31 @@ def test_a_person_token_is_limited_only_to_projects_they_see(world):
         limit_to_projects=[world.other_project],
     )
     assert token.limited_to_projects and list(token.projects.all()) == [world.other_project]
+
+
+@pytest.mark.spec("TEN-4")
+def test_a_token_minted_by_a_limited_token_is_limited_as_much(world):
+    """A person's token limited to some projects (an MCP client's) that mints another token
+    for the person used to mint one that saw all the person's projects. Today no limited
+    token holds ``tokens:write``; the limit is inherited anyway, at the mechanism."""
+    from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+    from kestrel_one.accounts.services import token_create
+
+    owner = world["owner"].user
+    limited, _ = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="mcp client",
+        scopes=["projects:read", "tokens:write"],
+        user=owner,
+        limit_to_projects=[world.project],
+    )
+    child, _ = token_create(
+        actor=Principal(PrincipalKind.TOKEN, user=owner, token=limited),
+        organization=world.org,
+        name="child",
+        scopes=["projects:read"],
+    )
+    assert child.limited_to_projects and list(child.projects.all()) == [world.project]
+    seen = Principal(PrincipalKind.TOKEN, user=owner, token=child)
+    assert world.org.projects.limit_of(seen, world.org) is not None
