@@ -30,7 +30,7 @@ from kestrel_one.adapters.registry import Adapter, Effect, Operation, get_operat
 from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
 from kestrel_one.common.redaction import bounded, redact_result
 from kestrel_one.credentials.release import CredentialRefused, secret_release
-from kestrel_one.execution.arguments import action_arguments
+from kestrel_one.execution.arguments import action_arguments, call_args_digest
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.execution.services import (
     action_digest,
@@ -278,7 +278,7 @@ def _invocation_release(invocation) -> None:
 
 
 def _digest_intact(action, args) -> bool:
-    args_digest = digest(args)
+    args_digest = call_args_digest(args)
     recomputed = action_digest(
         scope=action_scope(action),
         tool=action.tool,

@@ -27,7 +27,8 @@ webhooks, artifacts) starts from redacted data; serializers redact again on the 
 because redaction rules only ever grow. Write-only arguments (``WRITE_ONLY_ARGUMENTS``: the
 environment overlay) keep no value at all, only a keyed ``fingerprint``. Digests are the
 exception by design: ``args_digest`` and the receipt's digests are over the exact values
-that were signed and run (docs/records.md, "Redaction and digests").
+that were signed and run, salted where redaction changed them so that they test no guess
+(docs/records.md, "Redaction and digests").
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from django.utils import timezone
 from kestrel_one.accounts.principal import PrincipalKind
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import CheckNotBound, Conflict, PermissionDenied, ValidationFailed
-from kestrel_one.execution.arguments import action_arguments
+from kestrel_one.execution.arguments import action_arguments, call_args_digest
 from kestrel_one.execution.models import Action, ActionState, Approval, Verification
 from kestrel_one.execution.services import (
     APPROVAL_EXPIRED,
@@ -27,7 +27,6 @@ from kestrel_one.execution.signals import action_ended_notify
 from kestrel_one.governance.selectors import policy_versions_lock
 from kestrel_one.threads.services import event_append, thread_require_open
 from policies import DENY
-from runners.contract.canonical import digest
 
 
 def require_person(
@@ -68,7 +67,7 @@ def _digest_intact(action: Action) -> None:
     """Recompute the action's digest from what is stored now: if any bound field (scope,
     tool, arguments, policy version) differs from what was requested, this approval is not
     for it."""
-    args_digest = digest(action_arguments(action))
+    args_digest = call_args_digest(action_arguments(action))
     recomputed = action_digest(
         scope=action_scope(action),
         tool=action.tool,

@@ -16,6 +16,8 @@ the approval's digest check and that masking decrypts it.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 from functools import lru_cache
 from typing import Any
@@ -26,9 +28,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 
 from kestrel_one.common.redaction import redact_arguments
-from runners.contract.canonical import canonical_json
+from runners.contract.canonical import arguments_digest, canonical_json
 
 _PURPOSE = b"kestrel-one sealed call arguments v1"
+_SALT_PURPOSE = b"kestrel-one argument digest salts v1"
 
 
 @lru_cache(maxsize=4)
@@ -59,3 +62,30 @@ def action_arguments(action) -> dict[str, Any]:
     if not action.sealed_args:
         return action.args
     return json.loads(_cipher().decrypt(action.sealed_args.encode()))
+
+
+@lru_cache(maxsize=4)
+def _salt_key(root: str) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_SALT_PURPOSE).derive(
+        root.encode()
+    )
+
+
+def digest_salt(canonical: Any) -> str:
+    """The salt of a call's ``args_digest``: none when the arguments are stored and shown as
+    they are; else an HMAC of them under a key derived from ``SECRET_KEY``.
+
+    The digest of exact arguments with every other argument shown lets anyone who may read
+    the call test a guess of a hidden value (a short ``env`` value) against it; salted, the
+    guess needs the key. Deterministic, so that a plan step's digest, an approval's check
+    and a replay of the same call agree without keeping anything; the command carries it
+    (``args_salt``) for the runner's own check."""
+    if redact_arguments(canonical) == canonical:
+        return ""
+    key = _salt_key(settings.SECRET_KEY)
+    return hmac.new(key, canonical_json(canonical), hashlib.sha256).hexdigest()
+
+
+def call_args_digest(canonical: Any) -> str:
+    """``args_digest`` of a call with these exact arguments (salted: ``digest_salt``)."""
+    return arguments_digest(canonical, digest_salt(canonical))

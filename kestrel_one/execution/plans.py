@@ -16,13 +16,12 @@ from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, ThreadEnded, ValidationFailed
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.execution.approvals import require_person
-from kestrel_one.execution.arguments import arguments_shown
+from kestrel_one.execution.arguments import arguments_shown, call_args_digest
 from kestrel_one.execution.models import Plan
 from kestrel_one.governance.judging import tool_call_admitted
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import THREAD_ENDED_MESSAGE, event_append, thread_require_open
 from policies import Mode
-from runners.contract.canonical import digest
 
 
 @transaction.atomic
@@ -63,7 +62,7 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
             {
                 "tool": tool.name,
                 "args": arguments_shown(canonical),
-                "args_digest": digest(canonical),
+                "args_digest": call_args_digest(canonical),
                 "uses": uses,
             }
         )

@@ -27,7 +27,13 @@ from kestrel_one.common.errors import Conflict, ThreadEnded, Unavailable, Valida
 from kestrel_one.common.injection import injection_flags
 from kestrel_one.common.redaction import redact, redact_result, write_only_values
 from kestrel_one.common.storable import json_storable, utf8_encodable
-from kestrel_one.execution.arguments import action_arguments, arguments_sealed, arguments_shown
+from kestrel_one.execution.arguments import (
+    action_arguments,
+    arguments_sealed,
+    arguments_shown,
+    call_args_digest,
+    digest_salt,
+)
 from kestrel_one.execution.enrollment import call_pool_for
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.execution.models import (
@@ -179,7 +185,7 @@ def action_request(
     tool_spec, canonical, policy_request = tool_call_admitted(
         tool, args, project=project, user=actor.user, token=actor.token
     )
-    args_digest = digest(canonical)
+    args_digest = call_args_digest(canonical)
     plan = None
     if plan_step is not None:
         plan = _plan_step(
@@ -492,6 +498,7 @@ def _signed_command(action: Action, *, args: dict) -> str:
             **action_scope(action),
             "tool": action.tool,
             "args": args,
+            "args_salt": digest_salt(args),
             "args_digest": action.args_digest,
             "policy_version": action.policy_version,
             "limits": action.limits,

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-__all__ = ["canonical_json", "digest", "token_digest"]
+__all__ = ["arguments_digest", "canonical_json", "digest", "token_digest"]
 
 
 def canonical_json(value: Any) -> bytes:
@@ -23,6 +23,14 @@ def canonical_json(value: Any) -> bytes:
 def digest(value: Any) -> str:
     """sha256 hex of ``canonical_json(value)``: what binds arguments across the system."""
     return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def arguments_digest(args: Any, salt: str = "") -> str:
+    """What binds a call's arguments (``args_digest``): ``digest(args)``, or, with the
+    control plane's ``salt``, the digest of both. A call whose stored and shown arguments
+    hide a value (an ``env`` value, a secret) is salted, so that a reader of what is shown
+    cannot test a guess of the hidden value against the digest (docs/records.md)."""
+    return digest(args) if not salt else digest({"args": args, "salt": salt})
 
 
 def token_digest(token: str) -> str:

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from runners.contract.canonical import canonical_json, digest, token_digest
+from runners.contract.canonical import arguments_digest, canonical_json, token_digest
 from runners.contract.errors import InvalidArguments, RunnerError, UnknownTool
 from runners.contract.names import (
     COMMAND_ISSUER,
@@ -141,6 +141,7 @@ COMMAND_CLAIMS = frozenset(
         "thr",
         "tool",
         "args",
+        "args_salt",
         "args_digest",
         "policy_version",
         "limits",
@@ -309,6 +310,7 @@ class Command:
     thr: str | None
     tool: str
     args: dict[str, Any]
+    args_salt: str
     args_digest: str
     policy_version: str
     limits: dict[str, int | float]
@@ -346,13 +348,16 @@ def sign_command(
 ) -> str:
     """Sign a command as the control plane.
 
-    ``iat``, ``nbf`` and ``exp`` (``iat + ttl``) and ``args_digest`` are filled in when
-    absent; everything else is signed exactly as given (this function does not judge the
-    claims, ``verify_command`` does).
+    ``iat``, ``nbf`` and ``exp`` (``iat + ttl``), ``args_salt`` (none) and ``args_digest``
+    are filled in when absent; everything else is signed exactly as given (this function
+    does not judge the claims, ``verify_command`` does).
     """
     payload = _with_lifetime(claims, lifetime=ttl, now=now)
     if "args" in payload:
-        payload.setdefault("args_digest", digest(payload["args"]))
+        payload.setdefault("args_salt", "")
+        payload.setdefault(
+            "args_digest", arguments_digest(payload["args"], str(payload["args_salt"]))
+        )
     return _sign(payload, private_key_pem, typ=COMMAND_TYP, kid=CONTROL_KID)
 
 
@@ -383,7 +388,7 @@ def verify_command(
         refused=CommandRefused,
         what="command",
     )
-    if digest(claims["args"]) != claims["args_digest"]:
+    if arguments_digest(claims["args"], claims["args_salt"]) != claims["args_digest"]:
         raise CommandRefused("digest_mismatch", "args_digest does not match the arguments")
     try:
         tool = get_tool(claims["tool"])
@@ -410,6 +415,11 @@ def _check_command_claim_types(claims: Mapping[str, Any]) -> None:
     _require(claims["thr"] is None or _is_public_id(claims["thr"]), "thr", "a public id or null")
     _require(_is_text(claims["tool"]), "tool", "a string")
     _require(isinstance(claims["args"], dict), "args", "an object")
+    _require(
+        claims["args_salt"] == "" or _is_sha256(claims["args_salt"]),
+        "args_salt",
+        "empty or 64 lowercase hex digits",
+    )
     _require(_is_sha256(claims["args_digest"]), "args_digest", "a lowercase sha256 hex digest")
     _require(_is_text(claims["policy_version"]), "policy_version", "a non-empty string")
     _require(_is_int(claims["attempt"]) and claims["attempt"] >= 1, "attempt", "an integer >= 1")

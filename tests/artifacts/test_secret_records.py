@@ -9,13 +9,13 @@ import pytest
 
 from kestrel_one.common.redaction import fingerprint
 from kestrel_one.execution.approvals import approval_decide
-from kestrel_one.execution.arguments import action_arguments
+from kestrel_one.execution.arguments import action_arguments, call_args_digest
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Action, Plan, Receipt
 from kestrel_one.execution.plans import plan_accept, plan_propose
 from kestrel_one.execution.services import action_dispatch, action_request, report_ingest
 from kestrel_one.threads.services import thread_create
-from runners.contract.canonical import digest
+from runners.contract.canonical import arguments_digest, digest
 from runners.contract.tokens import verify_command
 from tests.artifacts.conftest import person
 from tests.artifacts.helpers import finished_report
@@ -42,7 +42,8 @@ def test_env_values_are_write_only_and_the_command_carries_the_real_ones(world, 
     assert action.state == "awaiting_approval"
     stored = Action.objects.get(pk=action.pk)
     assert stored.args["env"] == {name: fingerprint(value) for name, value in ENV.items()}
-    assert stored.args_digest == digest(args)  # over the exact call, not the shown one
+    # Over the exact call, not the shown one, and salted: the shown args hide the env values.
+    assert stored.args_digest == call_args_digest(args) != digest(args)
     assert SHAPELESS not in _stored(stored) and GITHUB_TOKEN not in stored.sealed_args
     assert action_arguments(stored) == args  # sealed, for the command an approval signs
 
@@ -53,6 +54,7 @@ def test_env_values_are_write_only_and_the_command_carries_the_real_ones(world, 
         command_token, control_public_key=control_public_key_pem(), pool="default"
     )
     assert command.args == args  # the runner gets the real values
+    assert arguments_digest(args, command.args_salt) == stored.args_digest  # and checks them
 
     stored.refresh_from_db()
     printed = shell_result(f"key is {SHAPELESS}\ntoken {GITHUB_TOKEN}\npassword=hunter22\n")
@@ -76,6 +78,9 @@ def test_env_values_are_write_only_and_the_command_carries_the_real_ones(world, 
     )
     assert shown.status_code == 200
     assert SHAPELESS not in shown.content.decode() and GITHUB_TOKEN not in shown.content.decode()
+    # The viewer sees every other argument and the digest; even the right guess of the env
+    # values cannot be told from a wrong one without the control plane's key.
+    assert shown.json()["args_digest"] not in {digest(args), digest({**args, "env": {}})}
 
 
 def test_a_denied_call_keeps_no_exact_arguments(world, records):
@@ -100,7 +105,7 @@ def test_plan_steps_are_kept_and_shown_redacted_and_still_bind_the_exact_call(wo
     assert GITHUB_TOKEN not in json.dumps(stored.steps) and SHAPELESS not in json.dumps(
         stored.steps
     )
-    assert stored.steps[0]["args_digest"] == digest(args)
+    assert stored.steps[0]["args_digest"] == call_args_digest(args) != digest(args)
     shown = (
         world["viewer"]
         .client()

@@ -17,7 +17,7 @@ from typing import Any
 import jwt
 import pytest
 
-from runners.contract.canonical import canonical_json, digest, token_digest
+from runners.contract.canonical import arguments_digest, canonical_json, digest, token_digest
 from runners.contract.tokens import (
     COMMAND_CLAIMS,
     RESULT_CLAIMS,
@@ -62,6 +62,7 @@ def command_claims(**overrides: Any) -> dict[str, Any]:
         "thr": "thr_01JTHR",
         "tool": "fs.write",
         "args": args,
+        "args_salt": "",
         "args_digest": digest(args),
         "policy_version": "pol_3",
         "limits": {"timeout_s": 30, "memory_mb": 256, "cpus": 1, "pids": 64, "output_kb": 64},
@@ -297,6 +298,21 @@ def test_signed_digest_that_does_not_match_the_args_is_refused():
     assert refusal_code(token) == "digest_mismatch"
 
 
+def test_a_salted_digest_binds_the_salt_too():
+    """A call whose shown arguments hide a value is digested with the control plane's salt
+    (docs/records.md); the command carries it, and the runner checks both."""
+    args = {"path": "marker.txt", "content": "ran"}
+    salt = "a" * 64
+    salted = arguments_digest(args, salt)
+    assert salted != digest(args)
+    command = verify(signed_command(args=args, args_salt=salt, args_digest=salted))
+    assert (command.args_salt, command.args_digest) == (salt, salted)
+    assert refusal_code(signed_command(args=args, args_salt="b" * 64, args_digest=salted)) == (
+        "digest_mismatch"
+    )
+    assert refusal_code(signed_command(args=args, args_digest=salted)) == "digest_mismatch"
+
+
 def test_unknown_tool_is_refused():
     assert refusal_code(signed_command(tool="net.fetch")) == "unknown_tool"
 
@@ -335,6 +351,8 @@ def test_each_missing_claim_is_refused(claim):
         {"policy_version": ""},
         {"iss": "someone-else"},
         {"args_digest": "ABC"},
+        {"args_salt": "ABC"},
+        {"args_salt": None},
         {"limits": {"timeout_s": 30, "memory_mb": 256, "cpus": 1, "pids": 64}},
         {
             "limits": {
