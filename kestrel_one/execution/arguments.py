@@ -71,7 +71,7 @@ def _salt_key(root: str) -> bytes:
     )
 
 
-def digest_salt(canonical: Any) -> str:
+def digest_salt(canonical: Any, shown: Any = None) -> str:
     """The salt of a call's ``args_digest``: none when the arguments are stored and shown as
     they are; else an HMAC of them under a key derived from ``SECRET_KEY``.
 
@@ -79,13 +79,14 @@ def digest_salt(canonical: Any) -> str:
     the call test a guess of a hidden value (a short ``env`` value) against it; salted, the
     guess needs the key. Deterministic, so that a plan step's digest, an approval's check
     and a replay of the same call agree without keeping anything; the command carries it
-    (``args_salt``) for the runner's own check."""
-    if redact_arguments(canonical) == canonical:
+    (``args_salt``) for the runner's own check. ``shown``: ``arguments_shown(canonical)``,
+    when the caller has it already (redacting large arguments is not free)."""
+    if (redact_arguments(canonical) if shown is None else shown) == canonical:
         return ""
     key = _salt_key(settings.SECRET_KEY)
     return hmac.new(key, canonical_json(canonical), hashlib.sha256).hexdigest()
 
 
-def call_args_digest(canonical: Any) -> str:
+def call_args_digest(canonical: Any, shown: Any = None) -> str:
     """``args_digest`` of a call with these exact arguments (salted: ``digest_salt``)."""
-    return arguments_digest(canonical, digest_salt(canonical))
+    return arguments_digest(canonical, digest_salt(canonical, shown))

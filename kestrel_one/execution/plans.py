@@ -58,11 +58,12 @@ def plan_propose(*, actor, thread, steps: list[dict]) -> Plan:
             )
         # The step binds to the exact arguments by digest; the plan keeps and shows them
         # redacted, and the action that runs the step supplies them again (CRED-1).
+        shown = arguments_shown(canonical)
         canonical_steps.append(
             {
                 "tool": tool.name,
-                "args": arguments_shown(canonical),
-                "args_digest": call_args_digest(canonical),
+                "args": shown,
+                "args_digest": call_args_digest(canonical, shown),
                 "uses": uses,
             }
         )

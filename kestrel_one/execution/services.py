@@ -185,7 +185,10 @@ def action_request(
     tool_spec, canonical, policy_request = tool_call_admitted(
         tool, args, project=project, user=actor.user, token=actor.token
     )
-    args_digest = call_args_digest(canonical)
+    # Stored and shown redacted (CRED-1); the exact arguments are signed into the command and
+    # kept sealed until the call ends, never for a denied one (execution.arguments).
+    shown = arguments_shown(canonical)
+    args_digest = call_args_digest(canonical, shown)
     plan = None
     if plan_step is not None:
         plan = _plan_step(
@@ -222,9 +225,6 @@ def action_request(
         thread=thread,
     )
     flags = injection_flags(canonical)
-    # Stored and shown redacted (CRED-1); the exact arguments are signed into the command and
-    # kept sealed until the call ends, never for a denied one (execution.arguments).
-    shown = arguments_shown(canonical)
     # Checked again under the thread's lock: the thread may have ended since it was read.
     thread_require_open(thread=thread)
     action = Action(
