@@ -3,15 +3,65 @@
 import logging.config
 import os
 
-from celery import Celery, signals
+from celery import Celery, bootsteps, signals
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
+
+from runners.contract.names import REPORT_QUEUE, RUNNER_SENT_TASKS
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kestrel_one.settings")
 
 app = Celery("kestrel_one")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def _serves_reports(worker) -> bool:
+    return REPORT_QUEUE in worker.app.amqp.queues.consume_from
+
+
+class ReportsServedAlone(bootsteps.Step):
+    """A worker that consumes the reports queue consumes no other queue.
+
+    Runner hosts may append to that queue, and a message names its own task: the worker
+    that takes it must be one that runs nothing but the runners' signed tasks
+    (``RunnerTasksOnly``), so it cannot also be the worker of the control plane's own tasks.
+    """
+
+    name = "kestrel.reports-served-alone"
+
+    def __init__(self, worker, **kwargs):
+        consumed = set(worker.app.amqp.queues.consume_from)
+        if REPORT_QUEUE in consumed and consumed != {REPORT_QUEUE}:
+            raise ImproperlyConfigured(
+                f"queue {REPORT_QUEUE!r} is served by a worker of its own (-Q {REPORT_QUEUE}); "
+                f"this one was also given {', '.join(sorted(consumed - {REPORT_QUEUE}))}"
+            )
+        super().__init__(worker, **kwargs)
+
+
+class RunnerTasksOnly(bootsteps.StartStopStep):
+    """On the reports queue's worker, every task but the ones runners send is unknown.
+
+    Each of those verifies a token signed with an enrolled runner's key before it does
+    anything. Any other task a message there names (a sweep, a webhook delivery, an adapter
+    call) is refused unrun, as Celery refuses an unregistered task: logged and dropped. Run
+    after the consumer's task table is (re)built, each time the consumer starts.
+    """
+
+    name = "kestrel.runner-tasks-only"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c):
+        if not _serves_reports(c):
+            return
+        for name in [name for name in c.strategies if name not in RUNNER_SENT_TASKS]:
+            del c.strategies[name]
+
+
+app.steps["worker"].add(ReportsServedAlone)
+app.steps["consumer"].add(RunnerTasksOnly)
 
 
 @signals.setup_logging.connect

@@ -22,6 +22,7 @@ from kestrel_one.common.egress import host_overrides_parse
 from kestrel_one.common.redaction import redact_log_event
 from kestrel_one.local.runtime import runtime_paths
 from runners.contract.broker import kombu_url
+from runners.contract.names import REPORT_QUEUE, RUNNER_SENT_TASKS
 from runners.contract.tokens import DEFAULT_MAX_REPORT_BYTES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -577,10 +578,13 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
 # Every control-plane task runs on the control queue (runners have their own app and queues).
 # Except the control tier's calls (adapter.invoke, model.invoke): their own queue, consumed
-# by the adapter worker only (exact names win over the pattern).
+# by the adapter worker only; and what runners send (signed reports, heartbeats, inventories,
+# adapter requests): queue "reports", whose worker runs nothing else (kestrel_one/celery.py).
+# Exact names win over the pattern.
 CELERY_TASK_ROUTES = {
     "control.adapter_invoke": {"queue": "adapters"},
     "control.model_invoke": {"queue": "adapters"},
+    **{name: {"queue": REPORT_QUEUE} for name in sorted(RUNNER_SENT_TASKS)},
     "control.*": {"queue": "control"},
 }
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": KESTREL_MAX_CALL_SECONDS + 120}

@@ -8,7 +8,7 @@ empty namespace) and names in ``KESTREL_ADAPTER_SOCKET``. The workload's client
 (``kestrel-adapter``, on the tool image's PATH) writes one JSON request per connection.
 The broker holds no credential and reaches no network: it signs the request with the
 runner's key, bound to the running call and its command, sends it to the control plane
-(``control.adapter_request`` on the control queue) and waits on a list in its pool's Redis
+(``control.adapter_request`` on the reports queue) and waits on a list in its pool's Redis
 namespace for the control plane's signed answer, at most until the call's own timeout. The
 control plane makes the request an action of the call's thread, as the call's requester,
 under the same policy and approvals; its answer is the action's outcome. docs/runners.md
@@ -86,7 +86,7 @@ class AdapterTransport(Protocol):
 
 @dataclass
 class RedisAdapterTransport:
-    """The real transport: the request as a task on the control queue (``send_task``), the
+    """The real transport: the request as a task on the reports queue (``send_task``), the
     answer by BRPOP on the reply list, both with the runner's own broker user. One client
     (and its connection pool) per worker process, shared by its brokers' threads."""
 

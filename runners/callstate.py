@@ -11,7 +11,7 @@ a copy. What makes that safe is two keys per call id (the command's ``jti``):
 - ``kestrel:result:<jti>``, the signed *finished* report, stored before it is sent, so a
   redelivered command gets the same report again instead of a second run. The report
   carries the call's output, so it is kept only until it is handed on: once the broker took
-  it for the control plane's queue (acknowledged late there, so it survives a control worker
+  it for the reports queue (acknowledged late there, so it survives a reports worker
   that dies), it is replaced by ``reported:<digest>``, which says the call ended and its
   report went out, and holds nothing of the output (``mark_reported``). A report that could
   not be sent is kept at most ``RESULT_RETENTION_SECONDS``, its own lifetime: the control

@@ -3,7 +3,7 @@ sandbox backend.
 
 The worker's main process sends one when the worker is ready and then every
 ``HEARTBEAT_INTERVAL_SECONDS``, by the same route as its reports (task
-``control.runner_heartbeat`` on queue ``control``), signed with the runner's own key. The
+``control.runner_heartbeat`` on queue ``reports``), signed with the runner's own key. The
 control plane verifies it against the enrolled key and records the backend and the time on
 the runner's row, which is what ``GET /api/v1/health`` and the runner list show. It works the
 same on one host and on many: only the broker carries it.

@@ -92,7 +92,7 @@ class Surfaces:
                     f"GET action {action_id}", client.get(f"{base}/actions/{action_id}")
                 )
             time.sleep(0.2)
-        names = ("runner.log", "control.log", "adapters.log")
+        names = ("runner.log", "control.log", "reports.log", "adapters.log")
         tail = "".join((self.logs / name).read_text()[-3000:] for name in names)
         raise AssertionError(f"{action_id} never finished; logs:\n{tail}")
 

@@ -34,7 +34,7 @@ from kestrel_one.common.errors import Unavailable
 from kestrel_one.execution.models import Runner
 from runners.contract.broker import redis_client_url
 from runners.contract.broker_access import runner_acl_rules
-from runners.contract.names import CONTROL_QUEUE
+from runners.contract.names import REPORT_QUEUE
 
 __all__ = [
     "BrokerAclUnavailable",
@@ -137,21 +137,21 @@ def runner_broker_user_apply(*, runner: Runner) -> None:
     try:
         _set_user(client, runner)
         _save(client)
-        _declare_control_queue()
+        _declare_reports_queue()
     except (redis.RedisError, kombu.exceptions.OperationalError) as error:
         raise _refused(error) from None
     finally:
         client.close()
 
 
-def _declare_control_queue() -> None:
-    """Bind the control queue as Celery does: a runner reads that binding to send a report
+def _declare_reports_queue() -> None:
+    """Bind the reports queue as Celery does: a runner reads that binding to send a report
     but may not write it, so the control plane makes sure it exists before any runner."""
-    exchange = kombu.Exchange(CONTROL_QUEUE, type="direct")
+    exchange = kombu.Exchange(REPORT_QUEUE, type="direct")
     with kombu.Connection(
         settings.CELERY_BROKER_URL, connect_timeout=CONNECT_TIMEOUT_SECONDS
     ) as conn:
-        kombu.Queue(CONTROL_QUEUE, exchange, routing_key=CONTROL_QUEUE)(
+        kombu.Queue(REPORT_QUEUE, exchange, routing_key=REPORT_QUEUE)(
             conn.default_channel
         ).declare()
 

@@ -1,4 +1,4 @@
-"""Single-host mode: the control worker and a runner as child processes of ``serve``.
+"""Single-host mode: the control plane's workers and a runner as child processes of ``serve``.
 
 The local runner is enrolled like any other: its own key in the data folder (0600), its
 public key registered, the control plane's public key handed to it, and a broker user of its
@@ -27,7 +27,7 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
 from kestrel_one.local.runtime import die_with_parent, runtime_paths
-from runners.contract.names import ADAPTERS_QUEUE, CONTROL_QUEUE
+from runners.contract.names import ADAPTERS_QUEUE, CONTROL_QUEUE, REPORT_QUEUE
 from runners.contract.tokens import generate_private_key_pem, public_key_pem
 
 # Only what a process needs to run at all; the runner gets nothing else from our environment.
@@ -130,8 +130,9 @@ def control_worker_argv(
     queues: tuple[str, ...] = (CONTROL_QUEUE,),
 ) -> list[str]:
     """The control worker's command line: queue ``control`` only, and the scheduler with it
-    when a schedule file is given (one scheduler per deployment). With ``queues=
-    (ADAPTERS_QUEUE,)`` it is the control tier's adapter worker (``adapters_worker_argv``)."""
+    when a schedule file is given (one scheduler per deployment). With other ``queues`` it is
+    the adapter worker (``adapters_worker_argv``) or the reports worker
+    (``reports_worker_argv``)."""
     argv = [
         sys.executable,
         "-m",
@@ -162,9 +163,21 @@ def adapters_worker_argv(*, concurrency: int = 2) -> list[str]:
     ]
 
 
+def reports_worker_argv(*, concurrency: int = 2) -> list[str]:
+    """The reports worker: queue ``reports`` only, where runners send their signed reports,
+    heartbeats, inventories and adapter requests. Its own process, which runs those tasks
+    and no other (kestrel_one.celery.RunnerTasksOnly): the one queue a runner host may
+    write to starts nothing of the control plane's own."""
+    return [
+        *control_worker_argv(concurrency=concurrency, queues=(REPORT_QUEUE,)),
+        "-n",
+        "reports@%h",
+    ]
+
+
 def start_local_workers(stdout) -> list[subprocess.Popen]:
-    """Start the control worker (with the scheduler) and the local runner, as children that
-    end when ``serve`` ends, however it ends."""
+    """Start the control worker (with the scheduler), the reports worker, the adapter worker
+    and the local runner, as children that end when ``serve`` ends, however it ends."""
     schedule = str(runtime_paths(settings.KESTREL_DATA_DIR).beat_schedule)
     slots = str(settings.KESTREL_LOCAL_CONCURRENCY)
     try:
@@ -179,22 +192,28 @@ def start_local_workers(stdout) -> list[subprocess.Popen]:
         env=os.environ.copy(),
         preexec_fn=die_with_parent,  # serve starts no thread before its workers
     )
+    reports = subprocess.Popen(
+        reports_worker_argv(concurrency=settings.KESTREL_LOCAL_CONCURRENCY),
+        env=os.environ.copy(),
+        preexec_fn=die_with_parent,
+    )
     adapters = subprocess.Popen(
         adapters_worker_argv(concurrency=settings.KESTREL_LOCAL_CONCURRENCY),
         env=os.environ.copy(),
         preexec_fn=die_with_parent,
     )
     if runner_env is None:
-        return [control, adapters]
+        return [control, reports, adapters]
     runner = subprocess.Popen(
         [sys.executable, "-m", "runners", "worker", "--concurrency", slots],
         env=runner_env,
         preexec_fn=die_with_parent,
     )
     stdout.write(
-        f"Control worker, adapter worker and runner started (pool {settings.KESTREL_DEFAULT_POOL})."
+        "Control worker, reports worker, adapter worker and runner started "
+        f"(pool {settings.KESTREL_DEFAULT_POOL})."
     )
-    return [control, adapters, runner]
+    return [control, reports, adapters, runner]
 
 
 def stop_local_workers(children: list[subprocess.Popen]) -> None:

@@ -1,4 +1,4 @@
-"""MCP Celery tasks on the control queue: thin wrappers that call one service each."""
+"""MCP Celery tasks: thin wrappers that call one service each."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ logger = structlog.get_logger(__name__)
 
 
 @app.task(
-    name=MCP_DISCOVERED_TASK,  # routed to the control queue (``control.*``)
+    name=MCP_DISCOVERED_TASK,  # routed to the reports queue (a runner sends it)
     acks_late=True,
     autoretry_for=(OperationalError,),
     retry_backoff=True,

@@ -18,7 +18,7 @@ from runners.contract.names import ADAPTER_REQUEST_TASK
 logger = structlog.get_logger(__name__)
 
 # The call's "started" report goes out just before its first request, on the same queue;
-# with several control workers it may be recorded a moment after the request is taken.
+# with several reports workers it may be recorded a moment after the request is taken.
 NOT_RUNNING_RETRIES = 20
 NOT_RUNNING_RETRY_SECONDS = 0.25
 

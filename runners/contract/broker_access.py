@@ -12,9 +12,10 @@ the control plane creates at enrollment and deletes at revocation
   full messages in flight, so sharing it would hand every runner every pool's commands);
 - receive its pool's control messages (``runner-control.<pool>``, a fanout exchange, that
   is a pub/sub channel);
-- append to the control plane's queue (write only: it cannot read other runners' reports)
-  and read, never change, that queue's binding table (a binding it could add would copy
-  every report to a queue it reads).
+- append to the reports queue ``reports`` (write only: it cannot read other runners'
+  reports) and read, never change, that queue's binding table (a binding it could add would
+  copy every report to a queue it reads). Not the control plane's own queue ``control``:
+  its sweeps and deliveries are unsigned and trust their message.
 
 A pool name is letters, digits, ``_``, ``-`` and ``.``, so no pool's names can be a prefix
 pattern of another's here: ``:`` ends the state namespace and ``runner-control.`` is no
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
-from runners.contract.names import CONTROL_QUEUE, control_exchange, runner_queue
+from runners.contract.names import REPORT_QUEUE, control_exchange, runner_queue
 
 __all__ = [
     "RUNNER_COMMANDS",
@@ -133,8 +134,9 @@ def runner_acl_rules(pool: str, *, db: int) -> list[str]:
     # Declaring the broadcast queue (``runner-control.<pool>.<uuid>``) asks its length; on
     # Redis it is a subscription, never a list anyone writes.
     keys.append(f"%R~{exchange}.*")
-    # The control plane's queue: append only; its binding table: read only.
-    keys += [f"%W~{key}" for key in _queue_keys(CONTROL_QUEUE)]
-    keys += [f"%R~{key}" for key in _binding_keys(CONTROL_QUEUE)]
+    # The reports queue: append only; its binding table: read only. Nothing else of the
+    # control plane's: not its own queue ``control``, whose tasks trust their message.
+    keys += [f"%W~{key}" for key in _queue_keys(REPORT_QUEUE)]
+    keys += [f"%R~{key}" for key in _binding_keys(REPORT_QUEUE)]
     channels = [f"&{_fanout_channel(exchange, db=db)}"]
     return ["resetkeys", "resetchannels", "-@all", *RUNNER_COMMANDS, *keys, *channels]

@@ -5,7 +5,7 @@ a broadcast: a host that is down, or not yet subscribed, misses it. So every run
 tells the control plane, when it starts and then every ``KESTREL_WORKSPACE_INVENTORY_SECONDS``,
 which workspaces it keeps (``runners.inventory``), signed with its own key
 (``sign_workspace_inventory``, typ ``kestrel-workspaces+jwt``), as task
-``control.runner_workspaces`` (WORKSPACES_TASK) on the control queue. The control plane
+``control.runner_workspaces`` (WORKSPACES_TASK) on the reports queue. The control plane
 verifies it (``verify_workspace_inventory``) against the enrolled key, as a heartbeat, and
 sends ``project.delete`` again, to the runner's pool, for every listed project it has
 recorded as deleted. An inventory is never a permission: the answer can only ever be the

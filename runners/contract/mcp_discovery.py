@@ -7,7 +7,7 @@ the pool's queue. The runner verifies it (``verify_discovery_request``), starts 
 from the profile (a managed server's image resolved to its id on the runner's engine, a
 custom one verified against it), lists its tools and answers with a report signed by its
 own key (``sign_discovery_report``, typ ``kestrel-mcp-tools+jwt``) as
-``control.mcp_discovered`` (MCP_DISCOVERED_TASK) on the control queue; the control plane
+``control.mcp_discovered`` (MCP_DISCOVERED_TASK) on the reports queue; the control plane
 finds the key by ``unverified_discovery_runner_id`` and checks it with
 ``verify_discovery_report``. Both sides check exact claim sets and strict types: nothing
 unknown is acted on.

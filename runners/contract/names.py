@@ -20,6 +20,7 @@ __all__ = [
     "REPORT_QUEUE",
     "REPORT_TASK",
     "RESULT_AUDIENCE",
+    "RUNNER_SENT_TASKS",
     "WORKSPACES_TASK",
     "command_audience",
     "control_exchange",
@@ -30,11 +31,14 @@ __all__ = [
 COMMAND_ISSUER = "kestrel-control"
 RESULT_AUDIENCE = "kestrel-control"
 
-# The control plane's own queue; every ``control.*`` task is routed there.
+# The control plane's own queue: its sweeps and deliveries, which trust their message.
 CONTROL_QUEUE = "control"
-# Runner -> control plane: signed reports, heartbeats and inventories, on ``CONTROL_QUEUE``.
+# Runner -> control plane: everything a runner sends (``RUNNER_SENT_TASKS``), each a token
+# signed with the runner's key, on a queue of their own. A runner may append to this queue
+# only; the worker that consumes it serves nothing else and runs no other task, so a runner
+# host cannot start the control plane's unsigned tasks (kestrel_one.celery).
+REPORT_QUEUE = "reports"
 REPORT_TASK = "control.ingest_result"
-REPORT_QUEUE = CONTROL_QUEUE
 HEARTBEAT_TASK = "control.runner_heartbeat"
 # Runner -> control plane: the projects whose workspaces it keeps (runners.contract.inventory).
 WORKSPACES_TASK = "control.runner_workspaces"
@@ -46,9 +50,12 @@ ADAPTER_REQUEST_TASK = "control.adapter_request"
 EXECUTE_TASK = "runner.execute"
 CONTROL_TASK = "runner.control"
 # Control plane -> runner: one signed MCP discovery request (runners.contract.mcp_discovery),
-# on ``runner.<pool>``; runner -> control plane: its signed report, on ``CONTROL_QUEUE``.
+# on ``runner.<pool>``; runner -> control plane: its signed report, on ``REPORT_QUEUE``.
 MCP_DISCOVER_TASK = "runner.mcp_discover"
 MCP_DISCOVERED_TASK = "control.mcp_discovered"
+RUNNER_SENT_TASKS = frozenset(
+    {REPORT_TASK, HEARTBEAT_TASK, WORKSPACES_TASK, ADAPTER_REQUEST_TASK, MCP_DISCOVERED_TASK}
+)
 
 # Control-tier tools (``Tier.CONTROL``): never signed to a runner. Their calls are sent, by
 # action id, as these tasks on ``ADAPTERS_QUEUE``, which only control-tier workers consume

@@ -103,7 +103,7 @@ def wait_for(e2e, action: Action, states, *, polls: int = 600) -> Action:
         if action.state in states:
             return action
         time.sleep(0.2)
-    names = ("runner.log", "control.log", "adapters.log")
+    names = ("runner.log", "control.log", "reports.log", "adapters.log")
     logs = "".join((e2e["logs"] / name).read_text()[-3000:] for name in names)
     raise AssertionError(f"{action.public_id} stayed {action.state}; logs:\n{logs}")
 

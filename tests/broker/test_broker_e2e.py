@@ -26,7 +26,7 @@ from runners.contract.adapter_broker import (
     sign_adapter_request,
     verify_adapter_answer,
 )
-from runners.contract.names import ADAPTER_REQUEST_TASK, CONTROL_QUEUE
+from runners.contract.names import ADAPTER_REQUEST_TASK, REPORT_QUEUE
 from runners.contract.tokens import generate_private_key_pem, public_key_pem
 from tests.execution.workers import governed_thread, real_workers
 
@@ -78,7 +78,9 @@ def wait_for(e2e, action: Action, states) -> Action:
         if action.state in states:
             return action
         time.sleep(0.2)
-    logs = "".join((e2e["logs"] / n).read_text()[-4000:] for n in ("runner.log", "control.log"))
+    logs = "".join(
+        (e2e["logs"] / n).read_text()[-4000:] for n in ("runner.log", "control.log", "reports.log")
+    )
     raise AssertionError(f"{action.public_id} stayed {action.state}; logs:\n{logs}")
 
 
@@ -93,7 +95,7 @@ def broker_redis() -> redis.Redis:
 def send_request(token: str) -> None:
     from kestrel_one.celery import app
 
-    app.send_task(ADAPTER_REQUEST_TASK, args=[token], queue=CONTROL_QUEUE)
+    app.send_task(ADAPTER_REQUEST_TASK, args=[token], queue=REPORT_QUEUE)
 
 
 def signed(e2e, action: Action, *, key: bytes | None = None, request_id: str | None = None):

@@ -54,9 +54,10 @@ def test_an_enrolled_runner_reaches_only_its_own_pool_on_the_broker(db):
     own.lpush("runner.blue", "command")
     assert own.brpop(["runner.blue"], timeout=1) == (b"runner.blue", b"command")
     assert own.set("kestrel:pool:blue:call:act_1", "lease")
-    assert own.lpush("control", "report")  # it may report...
+    assert own.lpush("reports", "report")  # it may report...
     for attempt in (
-        lambda: own.lrange("control", 0, -1),  # ...but read no one's reports
+        lambda: own.lrange("reports", 0, -1),  # ...but read no one's reports
+        lambda: own.lpush("control", "task"),  # ...nor send the control plane its own tasks
         lambda: own.llen("runner.green"),
         lambda: own.get("kestrel:pool:green:call:act_1"),
         lambda: own.get("kestrel:call:act_1"),
@@ -69,7 +70,7 @@ def test_an_enrolled_runner_reaches_only_its_own_pool_on_the_broker(db):
         with pytest.raises(redis.exceptions.NoPermissionError):
             attempt()
     own.close()
-    admin().delete("control", "kestrel:pool:blue:call:act_1")
+    admin().delete("reports", "kestrel:pool:blue:call:act_1")
     # Only a hash is kept: the database cannot log in as the runner.
     stored = Runner.objects.get(pk=runner.pk).broker_password_sha256
     assert len(stored) == 64 and runner.broker_password not in stored

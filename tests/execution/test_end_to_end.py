@@ -66,7 +66,8 @@ def run_until_done(e2e, action: Action) -> Action:
             return action
         time.sleep(0.2)
     logs = "".join(
-        (e2e["logs"] / name).read_text()[-3000:] for name in ("runner.log", "control.log")
+        (e2e["logs"] / name).read_text()[-3000:]
+        for name in ("runner.log", "control.log", "reports.log")
     )
     raise AssertionError(f"{action.tool} never finished ({action.state}); worker logs:\n{logs}")
 

@@ -1,9 +1,9 @@
 """Two organizations' dedicated runners on one real broker: each reads and runs only its own
 organization's calls, and a revoked one is cut off the broker and runs nothing more.
 
-Real processes throughout: a control worker, and runner workers started as an operator
-starts them (``python -m runners worker``) with their enrollment's broker user and password
-file. The broker is the suite's redis-server, whose ACLs hold each runner's user.
+Real processes throughout: a control worker and a reports worker, and runner workers started
+as an operator starts them (``python -m runners worker``) with their enrollment's broker user
+and password file. The broker is the suite's redis-server, whose ACLs hold each runner's user.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import kombu.exceptions
 import pytest
 import redis
+from celery import Celery
 from django.conf import settings
 from django.db import connection
 
@@ -29,15 +32,20 @@ from kestrel_one.execution.broker_users import runner_broker_url
 from kestrel_one.execution.control import thread_end_announce
 from kestrel_one.execution.enrollment import runner_enroll, runner_pool_route
 from kestrel_one.execution.keys import control_private_key, control_public_key_pem
-from kestrel_one.execution.models import Action, ActionState, Receipt
+from kestrel_one.execution.models import Action, ActionState, Receipt, Runner
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.selectors import scope_of
 from kestrel_one.threads.services import thread_create
-from runners.contract.names import EXECUTE_TASK, runner_queue
-from runners.contract.tokens import generate_private_key_pem, public_key_pem, sign_command
-from tests.execution.workers import ROOT, control_worker
+from runners.contract.names import EXECUTE_TASK, HEARTBEAT_TASK, runner_queue
+from runners.contract.tokens import (
+    generate_private_key_pem,
+    public_key_pem,
+    sign_command,
+    sign_heartbeat,
+)
+from tests.execution.workers import ROOT, control_worker, reports_worker
 from tests.support import stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.spec("RUN-1", "RUN-7")]
@@ -132,9 +140,9 @@ def start_runner(base: Path, *, organization, pool: str) -> DedicatedRunner:
 
 @contextlib.contextmanager
 def processes(base: Path) -> Iterator[list[subprocess.Popen]]:
-    """The control worker, plus every runner process the test appends to the list."""
+    """The control and reports workers, plus every runner process the test appends."""
     database = connection.settings_dict
-    running = [control_worker(base, database=database)]
+    running = [control_worker(base, database=database), reports_worker(base, database=database)]
     try:
         yield running
     finally:
@@ -212,7 +220,7 @@ def test_a_dedicated_runner_reads_and_runs_only_its_own_organizations_calls(worl
         running.append(acme.process)
         globex = start_runner(tmp_path / "globex", organization=world.other_org, pool="globex-iso")
         running.append(globex.process)
-        logs = (acme.log, globex.log, tmp_path / "control.log")
+        logs = (acme.log, globex.log, tmp_path / "control.log", tmp_path / "reports.log")
 
         # Each organization's call goes to its own pool and is run by its own runner.
         mine = finished(request(person(world, "owner"), acme_thread, "a.txt", "acme"), *logs)
@@ -237,8 +245,9 @@ def test_a_dedicated_runner_reads_and_runs_only_its_own_organizations_calls(worl
             lambda: spy.get(result_key),
             lambda: spy.hgetall("kestrel:pool:acme-iso:unacked"),
             lambda: spy.hgetall("unacked"),
-            lambda: spy.lrange("control", 0, -1),
-            lambda: spy.sadd("_kombu.binding.control", "control\x06\x16\x06\x16runner.globex-iso"),
+            lambda: spy.lrange("reports", 0, -1),
+            lambda: spy.sadd("_kombu.binding.reports", "reports\x06\x16\x06\x16runner.globex-iso"),
+            lambda: spy.lpush("control", "x"),
             lambda: spy.keys("*"),
         ):
             with pytest.raises(redis.exceptions.NoPermissionError):
@@ -293,7 +302,7 @@ def test_a_revoked_runner_is_cut_off_the_broker_and_runs_nothing_more(world, tmp
     with processes(tmp_path) as running:
         runner = start_runner(tmp_path / "globex", organization=world.other_org, pool="globex-rv")
         running.append(runner.process)
-        logs = (runner.log, tmp_path / "control.log")
+        logs = (runner.log, tmp_path / "control.log", tmp_path / "reports.log")
         before = finished(request(person(world, "outsider"), thread, "before.txt", "1"), *logs)
         assert before.state == ActionState.SUCCEEDED, before.error
 
@@ -331,3 +340,67 @@ def test_a_revoked_runner_is_cut_off_the_broker_and_runs_nothing_more(world, tmp
         assert not (runner.workspaces / thread.project.public_id / "after.txt").exists()
         assert connections() == []
         admin.delete(queue)
+
+
+def test_a_runner_host_cannot_start_the_control_planes_own_tasks(world, tmp_path):
+    """The control plane's own tasks (sweeps, webhook deliveries, adapter calls) are unsigned:
+    they trust their message. A runner host, whose broker credential may send messages, used
+    to be able to append to their queue ``control`` and have the control worker run whichever
+    it named. Now a runner may append to ``reports`` only, and that queue's worker runs the
+    runners' signed tasks and nothing else.
+
+    The effect watched: ``control.sweep`` recreates an active runner's broker user that the
+    broker lost. A runner host sends it both ways it could, then a signed heartbeat after it
+    on the same queue; once the heartbeat is recorded the forged sweep has been taken, and the
+    lost user is still gone. The control plane's own sweep then brings it back, so the effect
+    was there to be seen."""
+    admin = redis.Redis.from_url(settings.REDIS_URL)
+    system = system_principal("tests")
+    victim = runner_enroll(
+        actor=system,
+        pool="lost-user",
+        public_key_pem=public_key_pem(generate_private_key_pem()).decode(),
+    )
+    key = generate_private_key_pem()
+    host = runner_enroll(actor=system, pool="forger", public_key_pem=public_key_pem(key).decode())
+    credential = urlsplit(runner_broker_url())
+    host_url = urlunsplit(
+        credential._replace(netloc=f"{host.public_id}:{host.broker_password}@{credential.netloc}")
+    )
+    host_app = Celery("forger", broker=host_url, set_as_current=False)
+    with processes(tmp_path):
+        logs = (tmp_path / "control.log", tmp_path / "reports.log")
+        admin.execute_command("ACL", "DELUSER", victim.public_id)  # the broker lost it
+
+        # The control plane's queue is not the host's to write, by hand or through Celery.
+        own = redis.Redis.from_url(host_url)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            own.lpush("control", "{}")
+        with pytest.raises(kombu.exceptions.OperationalError, match="no permissions"):
+            host_app.send_task("control.sweep", queue="control", declare=[], retry=False)
+        # The reports queue is, but its worker does not run what the message names there.
+        host_app.send_task("control.sweep", queue="reports", declare=[], retry=False)
+        heartbeat = sign_heartbeat(
+            pool=host.pool, sandbox="docker", private_key_pem=key, runner_id=host.public_id
+        )
+        host_app.send_task(HEARTBEAT_TASK, args=[heartbeat], queue="reports", declare=[])
+
+        def seen() -> bool:
+            return Runner.objects.get(pk=host.pk).last_seen_at is not None
+
+        wait_for(seen, what="the host's heartbeat", detail=lambda: _tails(logs))
+        assert admin.execute_command("ACL", "GETUSER", victim.public_id) is None
+        assert "Received unregistered task of type 'control.sweep'" in logs[1].read_text()
+
+        control_app.send_task("control.sweep")  # the control plane's own: routed to control
+        wait_for(
+            lambda: admin.execute_command("ACL", "GETUSER", victim.public_id) is not None,
+            what="the control plane's sweep to recreate the lost user",
+            detail=lambda: _tails(logs),
+        )
+    own.close()
+    host_app.close()
+
+
+def _tails(paths) -> str:
+    return "".join(p.read_text(errors="replace")[-3000:] for p in paths if p.exists())

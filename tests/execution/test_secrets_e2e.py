@@ -116,7 +116,9 @@ def _finished(client, thread, action_id: str, logs) -> dict:
         if body["state"] in {ActionState.SUCCEEDED, ActionState.FAILED}:
             return body
         time.sleep(0.2)
-    tail = "".join((logs / name).read_text()[-3000:] for name in ("runner.log", "control.log"))
+    tail = "".join(
+        (logs / name).read_text()[-3000:] for name in ("runner.log", "control.log", "reports.log")
+    )
     raise AssertionError(f"{action_id} never finished; worker logs:\n{tail}")
 
 

@@ -38,7 +38,7 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend
 def logs(workers) -> str:
     return "".join(
         (workers["logs"] / name).read_text(errors="replace")[-3000:]
-        for name in ("runner.log", "control.log")
+        for name in ("runner.log", "control.log", "reports.log")
     )
 
 

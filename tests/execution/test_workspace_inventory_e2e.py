@@ -1,6 +1,6 @@
 """A runner host that was down when a project was deleted removes its workspace after all,
 through real processes: a runner worker on Docker, stopped and started again on the same
-host folders, and a control worker that answers its workspace inventory."""
+host folders, and a reports worker that answers its workspace inventory."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
 @pytest.fixture
 def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend):
-    """The control worker only: the test starts and stops the runner (the host) itself."""
+    """The control plane's workers only: the test starts and stops the runner (the host)."""
     with django_db_blocker.unblock():
         database = connection.settings_dict
     with real_workers(
@@ -76,5 +76,5 @@ def test_a_host_down_when_its_project_was_deleted_removes_the_workspace_when_it_
         )
     finally:
         stop(restarted)
-    control_log = (workers["logs"] / "control.log").read_text()
-    assert "project.delete sent again" in control_log and project in control_log
+    reports_log = (workers["logs"] / "reports.log").read_text()
+    assert "project.delete sent again" in reports_log and project in reports_log

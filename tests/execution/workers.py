@@ -1,4 +1,5 @@
-"""Real worker processes for the end-to-end tests: a runner worker and a control worker."""
+"""Real worker processes for the end-to-end tests: a runner worker, and the control plane's
+control and reports workers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Runner
 from kestrel_one.governance.services import policy_publish_environment
-from kestrel_one.local.workers import adapters_worker_argv, control_worker_argv
+from kestrel_one.local.workers import (
+    adapters_worker_argv,
+    control_worker_argv,
+    reports_worker_argv,
+)
 from kestrel_one.tenancy.services import environment_create, project_create
 from kestrel_one.threads.models import Thread
 from kestrel_one.threads.services import thread_create
@@ -31,11 +36,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def real_workers(
     base: Path, *, runner_id: str, database: dict, runner: bool = True
 ) -> Iterator[dict[str, Path]]:
-    """A runner worker (pool ``default``, Docker sandbox) and a control worker, both real
-    Celery processes on the test broker, with their key files, workspaces and logs under
-    ``base``. Yields ``key``, ``control``, ``workspaces`` and ``logs`` (the folder). With
-    ``runner=False`` only the control worker starts: the test starts and stops its runners
-    itself (``runner_worker``)."""
+    """A runner worker (pool ``default``, Docker sandbox), a control worker and a reports
+    worker, all real Celery processes on the test broker, with their key files, workspaces
+    and logs under ``base``. Yields ``key``, ``control``, ``workspaces`` and ``logs`` (the
+    folder). With ``runner=False`` only the control plane's workers start: the test starts
+    and stops its runners itself (``runner_worker``)."""
     files = {
         "key": base / "runner.key",
         "control": base / "control.pub",
@@ -46,9 +51,9 @@ def real_workers(
     files["key"].chmod(0o600)
     files["control"].write_text(control_public_key_pem())
     files["workspaces"].mkdir()
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("runner.default", "control")
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("runner.default", "control", "reports")
     processes = [runner_worker(files, runner_id=runner_id)] if runner else []
-    processes.append(control_worker(base, database=database))
+    processes += [control_worker(base, database=database), reports_worker(base, database=database)]
     try:
         yield files
     finally:
@@ -110,6 +115,14 @@ def control_worker(
         },
         stdout=(base / log_name).open("w"),
         stderr=subprocess.STDOUT,
+    )
+
+
+def reports_worker(base: Path, *, database: dict) -> subprocess.Popen:
+    """The reports worker (queue ``reports``): what runners send, and nothing else; logs to
+    ``base / "reports.log"``."""
+    return control_worker(
+        base, database=database, argv=reports_worker_argv(concurrency=1), log_name="reports.log"
     )
 
 

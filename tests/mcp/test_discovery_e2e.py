@@ -49,7 +49,8 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory, docker_backend
 
 def logs(workers) -> str:
     return "".join(
-        (workers["logs"] / name).read_text()[-4000:] for name in ("runner.log", "control.log")
+        (workers["logs"] / name).read_text()[-4000:]
+        for name in ("runner.log", "control.log", "reports.log")
     )
 
 

@@ -122,7 +122,7 @@ class FakeControl:
         self.app = Celery("fake-control", broker=RUNNER_REDIS_URL, set_as_current=False)
         self.app.conf.update(task_serializer="json", accept_content=["json"])
         self.connection = Connection(RUNNER_REDIS_URL)
-        self.inbox = self.connection.SimpleQueue("control")
+        self.inbox = self.connection.SimpleQueue("reports")
         self.reports: list[RunnerReport] = []
         self.heartbeats: list[Heartbeat] = []
         self.inventories: list[WorkspaceInventory] = []
