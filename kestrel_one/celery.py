@@ -3,7 +3,8 @@
 import logging.config
 import os
 
-from celery import Celery, bootsteps, signals
+import structlog
+from celery import Celery, Task, bootsteps, signals
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
@@ -12,7 +13,39 @@ from runners.contract.names import REPORT_QUEUE, RUNNER_SENT_TASKS
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "kestrel_one.settings")
 
-app = Celery("kestrel_one")
+logger = structlog.get_logger(__name__)
+
+# What a Celery message may ask to run after its own task (links, error links, the rest of
+# a chain, a chord's body): the worker would send those with the control plane's own broker
+# access, to any queue the message names.
+_FOLLOW_UPS = ("callbacks", "errbacks", "chain", "chord")
+
+
+class ControlTask(Task):
+    """Every control-plane task. A runner-sent one (``RUNNER_SENT_TASKS``) whose message
+    names tasks to run after it is refused unrun, and those tasks are never sent: a runner
+    host writes that message, and the only thing it may ask of the control plane is that a
+    signed token be verified. The control plane's own tasks keep Celery's behaviour."""
+
+    def __call__(self, *args, **kwargs):
+        if self.name in RUNNER_SENT_TASKS and _drop_follow_ups(self.request):
+            logger.warning("runner message refused: it names tasks to run after it", task=self.name)
+            return None
+        return super().__call__(*args, **kwargs)
+
+
+def _drop_follow_ups(request) -> bool:
+    """Clear ``request``'s follow-up tasks (Celery's tracer reads them from this same request
+    after the task, and on failure); whether it had any."""
+    carried = False
+    for field in _FOLLOW_UPS:
+        if getattr(request, field, None):
+            carried = True
+            setattr(request, field, None)
+    return carried
+
+
+app = Celery("kestrel_one", task_cls=ControlTask)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

@@ -350,7 +350,8 @@ def test_a_runner_host_cannot_start_the_control_planes_own_tasks(world, tmp_path
     runners' signed tasks and nothing else.
 
     The effect watched: ``control.sweep`` recreates an active runner's broker user that the
-    broker lost. A runner host sends it both ways it could, then a signed heartbeat after it
+    broker lost. A runner host sends it every way it could (on ``control``; on ``reports``;
+    as the link or error link of a runner's own task there), then a signed heartbeat after it
     on the same queue; once the heartbeat is recorded the forged sweep has been taken, and the
     lost user is still gone. The control plane's own sweep then brings it back, so the effect
     was there to be seen."""
@@ -378,8 +379,14 @@ def test_a_runner_host_cannot_start_the_control_planes_own_tasks(world, tmp_path
             own.lpush("control", "{}")
         with pytest.raises(kombu.exceptions.OperationalError, match="no permissions"):
             host_app.send_task("control.sweep", queue="control", declare=[], retry=False)
-        # The reports queue is, but its worker does not run what the message names there.
+        # The reports queue is, but its worker does not run what the message names there:
+        # neither another task, nor one a runner's own task names to run after it.
         host_app.send_task("control.sweep", queue="reports", declare=[], retry=False)
+        sweep = host_app.signature("control.sweep", immutable=True, queue="control")
+        for follow_up in ({"link": sweep}, {"link_error": sweep}):
+            host_app.send_task(
+                HEARTBEAT_TASK, args=["not.a.token"], queue="reports", declare=[], **follow_up
+            )
         heartbeat = sign_heartbeat(
             pool=host.pool, sandbox="docker", private_key_pem=key, runner_id=host.public_id
         )
@@ -390,7 +397,9 @@ def test_a_runner_host_cannot_start_the_control_planes_own_tasks(world, tmp_path
 
         wait_for(seen, what="the host's heartbeat", detail=lambda: _tails(logs))
         assert admin.execute_command("ACL", "GETUSER", victim.public_id) is None
-        assert "Received unregistered task of type 'control.sweep'" in logs[1].read_text()
+        reports = logs[1].read_text()
+        assert "Received unregistered task of type 'control.sweep'" in reports
+        assert reports.count("runner message refused: it names tasks to run after it") == 2
 
         control_app.send_task("control.sweep")  # the control plane's own: routed to control
         wait_for(
