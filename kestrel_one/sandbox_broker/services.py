@@ -142,8 +142,14 @@ def _accept(*, runner: Runner, request: AdapterRequest) -> BrokeredRequest:
     child, error = None, None
     try:
         with transaction.atomic():
+            # As its parent's requester, through its parent's surface: the workload's call
+            # meets every policy term the call that started the workload met.
             child = action_request(
-                actor=actor, thread=parent.thread, tool=ADAPTER_TOOL, args=wanted
+                actor=actor,
+                thread=parent.thread,
+                tool=ADAPTER_TOOL,
+                args=wanted,
+                surface=parent.surface,
             )
     except KestrelError as refused:
         # Refused before any action existed (an unknown adapter or operation, arguments

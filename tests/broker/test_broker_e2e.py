@@ -15,10 +15,12 @@ from django.db import connection
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.credentials.services import credential_create
 from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.execution.services import action_request
+from kestrel_one.governance.services import surface_policy_publish
 from kestrel_one.sandbox_broker.models import BrokeredRequest
 from runners.contract.adapter_broker import (
     new_request_id,
@@ -42,6 +44,7 @@ POLICY = {
         "shell.exec": {"limits": {"timeout_s": 30, "memory_mb": 256, "pids": 64}},
     }
 }
+ADAPTER_GRANT = {"approval": "never", "adapters": {"github": {"operations": ["issues.list"]}}}
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +101,19 @@ def send_request(token: str) -> None:
     app.send_task(ADAPTER_REQUEST_TASK, args=[token], queue=REPORT_QUEUE)
 
 
-def signed(e2e, action: Action, *, key: bytes | None = None, request_id: str | None = None):
+def signed(
+    e2e,
+    action: Action,
+    *,
+    key: bytes | None = None,
+    request_id: str | None = None,
+    args: dict | None = None,
+):
     request_id = request_id or new_request_id()
     token = sign_adapter_request(
         call_id=action.public_id,
         command_digest=action.command_digest,
-        request={"adapter": "github", "operation": "issues.list", "args": {}},
+        request={"adapter": "github", "operation": "issues.list", "args": args or {}},
         private_key=key or e2e["key"],
         runner_id=RUNNER_ID,
         lifetime_s=60,
@@ -192,3 +202,44 @@ def test_a_request_naming_a_call_not_running_on_that_runner_is_refused(e2e):
     send_request(token)
     assert answer_to(request_id, ghost).error["code"] == "call_not_running"
     json.dumps(answer.error)  # plain JSON, as the workload receives it
+
+
+@pytest.mark.spec("POL-2")
+def test_a_brokered_call_is_judged_on_the_surface_its_parent_came_through(workers, world):
+    """The workload's adapter call is requested as its parent's requester, so it meets the
+    same policy terms, the parent's surface among them. An mcp surface policy that grants
+    shell.exec but no adapter.invoke denies the adapter call of a script started over MCP,
+    although the environment grants it (and the api surface, with no policy, would too)."""
+    policy = {"capabilities": {**POLICY["capabilities"], "adapter.invoke": ADAPTER_GRANT}}
+    thread = governed_thread(workers, world.org, runner_id=RUNNER_ID, policy=policy, name="srf")
+    owner = world["owner"]
+    actor = Principal(PrincipalKind.TOKEN, user=owner.user, token=owner.token)
+    # Never used: the call is denied before any adapter worker would decrypt it.
+    credential_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="github",
+        adapter="github",
+        secret="ghp_" + "s" * 36,
+    )
+    version = surface_policy_publish(
+        actor=Principal(PrincipalKind.SESSION, user=owner.user),
+        organization=world.org,
+        surface="mcp",
+        document={"capabilities": {"shell.exec": POLICY["capabilities"]["shell.exec"]}},
+    )
+    parent = action_request(
+        actor=actor, thread=thread, tool="shell.exec", args={"argv": ["sleep", "25"]}, surface="mcp"
+    )
+    assert parent.state == ActionState.QUEUED, parent.decision
+    e2e = {"logs": workers["logs"], "key": workers["key"].read_bytes()}
+    parent = wait_for(e2e, parent, {ActionState.RUNNING})
+    request_id, token = signed(e2e, parent, args={"owner": "acme", "repo": "widgets"})
+    send_request(token)
+    answer = answer_to(request_id, parent)
+    assert answer is not None
+    child = BrokeredRequest.objects.get(request_id=request_id).child
+    assert child is not None, answer.error
+    assert child.surface == "mcp"
+    assert child.state == ActionState.DENIED
+    assert f"mcp surface policy ({version.public_id})" in child.decision["reasons"][0]
