@@ -24,6 +24,7 @@ from django.utils.http import urlencode
 from kestrel_one.accounts.scopes import PERSON_ONLY_SCOPES, SCOPES, Role
 from kestrel_one.accounts.selectors import tokens_visible_to
 from kestrel_one.accounts.services import token_create, token_revoke
+from kestrel_one.accounts.sign_in_links import sign_in_link_allowed
 from kestrel_one.artifacts.api import MAX_RETENTION_DAYS
 from kestrel_one.artifacts.retention import RETENTION_FIELDS, retention_update
 from kestrel_one.artifacts.selectors import retention_for
@@ -335,16 +336,43 @@ class MemberView(MembersView):
             return self.member_page(form, status=error.status)
         return _back(self.request.path, changed="saved")
 
-    def member_page(self, form, *, status: int = 200, error: str = ""):
+    def member_page(self, form, *, status: int = 200, error: str = "", **extra: Any):
         context = {
+            **extra,
             "member": self.membership,
             "granted": self.granted(),
             "form": form,
             "error": error,
             "changed": self.request.GET.get("changed", ""),
             "is_self": self.membership.user_id == self.principal.user.pk,
+            # No password, no other organization: a one-time link is their way in.
+            "no_way_in": sign_in_link_allowed(self.membership.user, self.organization),
         }
         return self.page(TEMPLATES + "member.html", context, status=status)
+
+
+class MemberSignInLinkView(MemberView):
+    """``POST /console/{org}/members/{mem}/sign-in-link``: a new one-time sign-in link for a
+    member who still has no way in (one withheld from the integration that added them, or one
+    that expired unused), shown once on the member page."""
+
+    scope_map = {"POST": "members:write"}
+    # As a token with actions:approve: the link carries a person's whole authority.
+    sudo_for = {"POST": "make a sign-in link"}
+
+    def back_to(self) -> str:
+        return f"/console/{self.organization.slug}/members/{self.membership.public_id}"
+
+    def post(self, request, org: str, mem: str):
+        try:
+            made = tenancy_services.member_sign_in_link(
+                actor=self.principal,
+                membership=self.membership,
+                base_url=settings.KESTREL_PUBLIC_URL or request.build_absolute_uri("/"),
+            )
+        except KestrelError as error:
+            return self.member_page(self.change_form(), status=error.status, error=error.message)
+        return _no_store(self.member_page(self.change_form(), made=made))
 
 
 class MemberRemoveView(MemberView):
@@ -677,6 +705,11 @@ urlpatterns: list[URLPattern] = [
     path(f"{ORG}/tokens/<str:tok>/revoke", TokenRevokeView.as_view(), name="console_token_revoke"),
     path(f"{ORG}/members", MembersView.as_view(), name="console_members"),
     path(f"{ORG}/members/<str:mem>", MemberView.as_view(), name="console_member"),
+    path(
+        f"{ORG}/members/<str:mem>/sign-in-link",
+        MemberSignInLinkView.as_view(),
+        name="console_member_sign_in_link",
+    ),
     path(
         f"{ORG}/members/<str:mem>/remove", MemberRemoveView.as_view(), name="console_member_remove"
     ),

@@ -97,9 +97,19 @@ class MemberAddedSerializer(MemberSerializer):
         "signed in. Shown only in this response; null when the person already has a way in."
     )
     sign_in_link_expires_at = serializers.SerializerMethodField()
+    sign_in_link_withheld = serializers.SerializerMethodField(
+        help_text="True when the person has no way in yet but this caller may not hold their "
+        "link: whoever holds it becomes them, with every scope of their role. Someone who holds "
+        "those scopes makes it from the console's member page."
+    )
 
     class Meta(MemberSerializer.Meta):
-        fields = [*MemberSerializer.Meta.fields, "sign_in_link", "sign_in_link_expires_at"]
+        fields = [
+            *MemberSerializer.Meta.fields,
+            "sign_in_link",
+            "sign_in_link_expires_at",
+            "sign_in_link_withheld",
+        ]
 
     def get_sign_in_link(self, membership) -> str | None:
         return self.context["added"].sign_in_link
@@ -107,6 +117,9 @@ class MemberAddedSerializer(MemberSerializer):
     def get_sign_in_link_expires_at(self, membership) -> str | None:
         expires_at = self.context["added"].sign_in_link_expires_at
         return serializers.DateTimeField().to_representation(expires_at) if expires_at else None
+
+    def get_sign_in_link_withheld(self, membership) -> bool:
+        return self.context["added"].sign_in_link_withheld
 
 
 class ProjectIdsField(serializers.ListField):

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.scopes import ROLE_RANK, Role, outranks
+from kestrel_one.accounts.scopes import ROLE_RANK, ROLE_SCOPES, Role, outranks
 from kestrel_one.accounts.services import user_get_or_create
 from kestrel_one.accounts.sign_in_links import (
     sign_in_link_allowed,
@@ -203,11 +203,41 @@ def _membership_add_audit(
 
 @dataclass(frozen=True)
 class MemberAdded:
-    """A new membership, with the person's one-time sign-in link when they had no way in."""
+    """A new membership, with the person's one-time sign-in link when they had no way in.
+
+    ``sign_in_link_withheld``: they have no way in, but the caller may not hold their link
+    (``may_hold_sign_in_link``); someone who may makes one on the console's member page."""
 
     membership: Membership
     sign_in_link: str | None = None
     sign_in_link_expires_at: datetime | None = None
+    sign_in_link_withheld: bool = False
+
+
+def may_hold_sign_in_link(actor: Principal, organization, role: Role) -> bool:
+    """Whether ``actor`` may be handed the sign-in link of a person with ``role``.
+
+    Whoever holds a link becomes that person, with every scope of their role, approving
+    included. So it goes only to the operator on the server, or to a person who already holds
+    every one of those scopes here: never to an integration token (a credential that makes its
+    holder a person comes only from a person), and never to a person's token narrower than the
+    role (such a token would gain, through the new person, what it was made without: POL-5).
+    """
+    if actor.kind == PrincipalKind.SYSTEM:
+        return True
+    return actor.is_person and ROLE_SCOPES[role] <= actor.scopes_in(organization)
+
+
+def _sign_in_link(
+    actor: Principal, membership: Membership, base_url: str
+) -> tuple[str, datetime] | None:
+    """A fresh link for ``membership``'s person, or None when they may not have one
+    (accounts/sign_in_links.py) or ``actor`` may not hold it."""
+    if not sign_in_link_allowed(membership.user, membership.organization):
+        return None
+    if not may_hold_sign_in_link(actor, membership.organization, Role(membership.role)):
+        return None
+    return base_url.rstrip("/") + sign_in_link_path(membership.user), sign_in_link_expires_at()
 
 
 @transaction.atomic
@@ -224,24 +254,61 @@ def member_add(
     """Add a person by email (creating them when new) and give them a way in.
 
     Someone with no password yet gets a one-time sign-in link under ``base_url``
-    (accounts/sign_in_links.py says who qualifies). The link is returned to be shown once;
-    the one ``membership.add`` audit row says until when it works, never the link.
+    (accounts/sign_in_links.py says who qualifies), when the caller may hold it
+    (``may_hold_sign_in_link``). The link is returned to be shown once; the one
+    ``membership.add`` audit row says until when it works, never the link.
     """
     user, _ = user_get_or_create(email=email, name=name)
     membership = _membership_create(
         actor=actor, organization=organization, user=user, role=role, projects=projects
     )
-    if not sign_in_link_allowed(user, organization):
-        _membership_add_audit(actor=actor, membership=membership, projects=projects)
-        return MemberAdded(membership)
     # Made after the membership exists: the link's token covers the person's memberships.
-    link = base_url.rstrip("/") + sign_in_link_path(user)
-    expires_at = sign_in_link_expires_at()
+    made = _sign_in_link(actor, membership, base_url)
+    if made is None:
+        _membership_add_audit(actor=actor, membership=membership, projects=projects)
+        return MemberAdded(
+            membership, sign_in_link_withheld=sign_in_link_allowed(user, organization)
+        )
+    link, expires_at = made
     _membership_add_audit(
         actor=actor,
         membership=membership,
         projects=projects,
         sign_in_link_expires_at=expires_at.isoformat(),
+    )
+    return MemberAdded(membership, link, expires_at)
+
+
+@transaction.atomic
+def member_sign_in_link(*, actor: Principal, membership: Membership, base_url: str) -> MemberAdded:
+    """A new one-time sign-in link for a member who still has no way in: one whose link was
+    withheld from whoever added them, or expired unused.
+
+    The caller must be able to add this member as they are (role and projects) and to hold
+    their link. Recorded as ``membership.sign_in_link`` with its expiry, never the link.
+    """
+    organization = membership.organization
+    _check_can_grant(actor, organization, Role(membership.role), _granted_projects(membership))
+    if not sign_in_link_allowed(membership.user, organization):
+        raise Conflict(
+            f"{membership.user.email} already has a way in (a password, another organization "
+            "or operator rights), so no sign-in link is made; they sign in as before, or an "
+            "operator runs set_password."
+        )
+    made = _sign_in_link(actor, membership, base_url)
+    if made is None:
+        raise PermissionDenied(
+            "Whoever holds a sign-in link becomes that person, with every scope of their "
+            f"role '{membership.role}', and you do not hold all of them here: make the link "
+            "signed in to the console as someone who does."
+        )
+    link, expires_at = made
+    audit_record(
+        organization=organization,
+        actor=actor,
+        action="membership.sign_in_link",
+        target=membership,
+        data={"user": membership.user.public_id, "sign_in_link_expires_at": expires_at.isoformat()},
     )
     return MemberAdded(membership, link, expires_at)
 

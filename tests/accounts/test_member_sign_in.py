@@ -20,15 +20,18 @@ from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
+from rest_framework.test import APIClient
 
 from kestrel_one.accounts.models import User
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.accounts.scopes import Role
+from kestrel_one.accounts.services import token_create
 from kestrel_one.accounts.sign_in_links import sign_in_link_tokens
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.tenancy.models import Membership
 from kestrel_one.tenancy.services import member_add
 from tests.accounts.test_tokens import all_text_in_database
+from tests.console.test_administration import signed_in as console_signed_in
 from tests.factories import OrganizationFactory, UserFactory
 from tests.test_settings import run_manage
 
@@ -249,6 +252,85 @@ def test_a_person_removed_and_added_again_gets_a_new_link(world):
     assert second["sign_in_link"] and second["sign_in_link"] != first["sign_in_link"]
     assert Client().get(link_path(first["sign_in_link"])).status_code == 400
     assert Client().get(link_path(second["sign_in_link"])).status_code == 302
+
+
+def token_client(world, scopes: list[str], *, person=None):
+    """An API client with a token of exactly ``scopes`` in acme: an integration's (no person)
+    or, with ``person``, that person's own narrower token."""
+    _, plaintext = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="narrow",
+        scopes=scopes,
+        integration=person is None,
+        user=person,
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    return client
+
+
+@pytest.mark.spec("POL-5")
+def test_a_link_goes_only_to_a_caller_who_holds_every_scope_of_the_role(world):
+    """Whoever holds a link becomes that person. An integration token with members:write that
+    received one could add a member, sign in as them and approve its own actions; a person's
+    token made without actions:approve could do the same."""
+    integration = token_client(world, ["org:read", "members:write"])
+    added = add_member(integration, "puppet@example.com", role="admin")
+    assert added.status_code == 201, added.content
+    body = added.json()
+    assert body["sign_in_link"] is None and body["sign_in_link_expires_at"] is None
+    assert body["sign_in_link_withheld"] is True
+    row = AuditRecord.objects.get(action="membership.add", target_id=body["id"])
+    assert "sign_in_link_expires_at" not in row.data
+
+    narrow = token_client(world, ["org:read", "members:write"], person=world["owner"].user)
+    assert add_member(narrow, "second-puppet@example.com").json()["sign_in_link_withheld"]
+
+    # A person's token that holds every scope of the role it adds does get the link.
+    viewer_scopes = ["org:read", "members:write", "projects:read", "tokens:write"]
+    enough = token_client(world, viewer_scopes, person=world["owner"].user)
+    viewer = add_member(enough, "reader@example.com", role="viewer").json()
+    assert viewer["sign_in_link"] and viewer["sign_in_link_withheld"] is False
+    # Someone who already has a way in is never "withheld": there is nothing to send.
+    has_password = add_member(integration, world["outsider"].user.email).json()
+    assert has_password["sign_in_link"] is None and has_password["sign_in_link_withheld"] is False
+
+
+def test_the_console_makes_the_withheld_link_once_for_someone_who_may_hold_it(world):
+    integration = token_client(world, ["org:read", "members:write"])
+    body = add_member(integration, "provisioned@example.com", role="member").json()
+    page = f"/console/acme/members/{body['id']}"
+
+    admin = console_signed_in(world["admin"].user)
+    shown = admin.get(page).content.decode()
+    assert "Make a sign-in link" in shown
+    made = admin.post(page + "/sign-in-link")
+    assert made.status_code == 200 and made["Cache-Control"] == "no-store"
+    link = re.search(r'<code id="sign-in-link">([^<]+)</code>', made.content.decode()).group(1)
+    assert link.startswith("http://testserver/login/set-password/")
+    assert link not in admin.get(page).content.decode(), "shown only once"
+    row = AuditRecord.objects.get(action="membership.sign_in_link", target_id=body["id"])
+    assert row.actor_id == world["admin"].user.public_id and row.data["sign_in_link_expires_at"]
+    assert link_path(link).rsplit("/", 2)[1] not in audit_text()
+    assert choose_password(Client(), link).status_code == 302
+
+    # Once they have a password there is no link to make.
+    refused = admin.post(page + "/sign-in-link")
+    assert refused.status_code == 409 and b"already has a way in" in refused.content
+
+
+def test_the_console_link_needs_sudo_and_a_caller_who_could_add_the_member(world):
+    owner_token = world["owner"].client()
+    body = add_member(owner_token, "boss@example.com", role="owner").json()
+    page = f"/console/acme/members/{body['id']}"
+    # Without a fresh sign-in, the console asks for one first.
+    stale = console_signed_in(world["admin"].user, sudo=False).post(page + "/sign-in-link")
+    assert stale.status_code == 303 and stale["Location"].startswith("/console/sudo?")
+    # An admin could not have added an owner, so they may not become one either.
+    refused = console_signed_in(world["admin"].user).post(page + "/sign-in-link")
+    assert refused.status_code == 403
+    assert not AuditRecord.objects.filter(action="membership.sign_in_link").exists()
 
 
 def test_a_refused_add_leaves_no_person_behind(world):

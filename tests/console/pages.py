@@ -398,6 +398,13 @@ ADMINISTRATION: dict[str, Page] = {
             ),
         ),
     ),
+    # world's member has a password: there is no link to make (409), and nothing changes.
+    "console_member_sign_in_link": Page(
+        fill=lambda world: {"mem": world["member"].membership.public_id},
+        foreign=lambda world: {"mem": world["outsider"].membership.public_id},
+        post_only=True,
+        posts=(Post(body=lambda world: {}, expect={**NOT_MEMBERS, "admin": 409}, sudo=True),),
+    ),
     "console_member_remove": Page(
         fill=lambda world: {"mem": world["member"].membership.public_id},
         foreign=lambda world: {"mem": world["outsider"].membership.public_id},
