@@ -1,7 +1,8 @@
 """The bubblewrap backend: single-host confinement when there is no Docker engine.
 
 The command sees a new root built from the host's system directories mounted read-only
-(``/usr``, ``/etc`` and the ``/bin``-style links), its workspace read-write at
+(``/usr``, the ``/bin``-style links and the few ``/etc`` entries programs read: the dynamic
+linker's cache, ``alternatives``, time zone, CA certificates...), its workspace read-write at
 ``/workspace``, a private size-bounded tmpfs at ``/tmp``, fresh ``/dev`` and ``/proc``, and
 no other host path: not other projects' workspaces, not the runner's files, not the
 Docker socket. Every namespace is new (user, PID, network with only ``lo``, IPC, UTS,
@@ -25,6 +26,7 @@ sandbox at its limit would keep the others from even starting.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import os
@@ -49,7 +51,38 @@ from runners.sandbox.base import (
 from runners.workspace import workspace_owner
 
 # System directories a program needs; the /bin-style names are links on merged-/usr hosts.
-_SYSTEM_DIRECTORIES = ("/usr", "/etc")
+_SYSTEM_DIRECTORIES = ("/usr",)
+# What of the host's /etc a program reads, and nothing else: /etc also holds what a host
+# keeps for itself, world-readable or readable by the uid the sandbox may share with the
+# runner (its key under /etc/kestrel, a registry token in /etc/npmrc or /etc/pip.conf, git's
+# credentials in /etc/gitconfig, the host's accounts in /etc/passwd). Names that do not
+# exist on this host are left out; glob patterns are allowed.
+_SYSTEM_ETC = (
+    "alternatives",
+    "ca-certificates.conf",
+    "debian_version",
+    "gai.conf",
+    "host.conf",
+    "hosts",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "perl",
+    "protocols",
+    "python3*",
+    "services",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "terminfo",
+    "timezone",
+)
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 # The first kernel to count RLIMIT_NPROC per user namespace (see the module's docstring).
 _PER_NAMESPACE_NPROC = (5, 14)
@@ -118,10 +151,11 @@ class BubblewrapBackend(SandboxBackend):
         ]
         for directory in _SYSTEM_DIRECTORIES:
             line += ["--ro-bind", directory, directory]
-        for name in _SYSTEM_LINKS:
+        line += ["--dir", "/etc"]
+        for name in (*_SYSTEM_LINKS, *system_etc_entries()):
             if os.path.islink(name):
                 line += ["--symlink", os.readlink(name), name]
-            elif os.path.isdir(name):
+            elif os.path.exists(name):
                 line += ["--ro-bind", name, name]
         line += [
             "--dev", "/dev",
@@ -247,6 +281,11 @@ class _Collector:
                         selector.unregister(key.fd)
                         self._open.discard(key.fd)
         return True
+
+
+def system_etc_entries() -> list[str]:
+    """The host's ``/etc`` entries a sandbox sees (``_SYSTEM_ETC``), those this host has."""
+    return sorted({path for name in _SYSTEM_ETC for path in glob.glob(f"/etc/{name}")})
 
 
 def kernel_release() -> tuple[int, int]:

@@ -107,6 +107,29 @@ def test_other_host_paths_are_not_visible(run, workspace_root):
     assert {"home", "root", "var", "work", "srv"}.isdisjoint(top_level)
 
 
+def test_of_the_hosts_etc_only_what_programs_read_is_visible(run):
+    """The host's /etc holds what the host keeps for itself: a runner's key under
+    /etc/kestrel (readable by the uid a non-root runner shares with its sandboxes), registry
+    tokens in /etc/npmrc or /etc/pip.conf, the host's accounts. The sandbox sees only the
+    entries programs read, and those programs still work."""
+    visible = set(run("shell.exec", argv=["ls", "-A", "/etc"])["stdout"].split())
+    top_level = {path.split("/")[2] for path in bubblewrap.system_etc_entries()}
+    assert visible == top_level and "ld.so.cache" in visible
+    host_only = {"passwd", "shadow", "hostname", "machine-id"} & set(os.listdir("/etc"))
+    assert host_only and host_only.isdisjoint(visible)
+    read = run("shell.exec", argv=["cat", "/etc/passwd"])
+    assert read["exit_code"] != 0 and "No such file or directory" in read["stderr"]
+
+    # What programs read is there: the linker's cache, Debian's alternatives (awk is one),
+    # the CA bundle and the time zone database.
+    works = run(
+        "shell.exec",
+        script="awk 'BEGIN { print 6 * 7 }'; python3 -c 'import ssl, os; "
+        "print(os.path.exists(ssl.get_default_verify_paths().openssl_capath))'",
+    )
+    assert works["stdout"].split() == ["42", "True"], works
+
+
 def test_mount_and_unshare_fail(run):
     code = """
 import ctypes, os
