@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
+import threading
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ SERVER_WORKSPACE = "/workspace"
 SERVER_TMP = "/tmp"  # noqa: S108 - the container's own tmpfs
 # How long a server may take from its container's creation to an initialized session.
 START_TIMEOUT_SECONDS = 60.0
-# How much of a server's stderr a start failure quotes.
+# How much of a server's stderr (bytes) a start failure quotes, and all the runner keeps.
 STDERR_TAIL_CHARS = 2000
 # What the docker command needs from the runner's environment to reach the same engine.
 _DOCKER_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
@@ -183,9 +183,9 @@ async def server_session(
         command=cli, args=["start", "--attach", "--interactive", container_id], env=env
     )
     initialized = False
-    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
+    with StderrTail(STDERR_TAIL_CHARS) as errlog:
         try:
-            async with stdio_client(params, errlog=errlog) as (read, write):
+            async with stdio_client(params, errlog=errlog.file) as (read, write):
                 async with ClientSession(read, write) as session:
                     try:
                         with anyio.fail_after(start_timeout):
@@ -193,7 +193,7 @@ async def server_session(
                     except Exception as error:
                         raise McpStartFailed(
                             f"the server did not initialize ({_describe(error)}); its stderr "
-                            f"ends: {_tail(errlog)!r}"
+                            f"ends: {errlog.text()!r}"
                         ) from None
                     initialized = True
                     yield session, init, container_id
@@ -203,7 +203,7 @@ async def server_session(
             if not initialized:
                 raise McpStartFailed(
                     f"the server did not start ({_describe(error)}); its stderr ends: "
-                    f"{_tail(errlog)!r}"
+                    f"{errlog.text()!r}"
                 ) from None
             raise
         finally:
@@ -216,13 +216,46 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:300]}"
 
 
-def _tail(errlog: Any) -> str:
-    try:
-        errlog.flush()
-        errlog.seek(0)
-        return str(errlog.read())[-STDERR_TAIL_CHARS:]
-    except (OSError, ValueError):
-        return ""
+class StderrTail:
+    """The end of a server's stderr, in memory: ``file`` is the write end of a pipe for the
+    process, and a thread keeps the last ``limit`` bytes it reads.
+
+    Never a file: a server may write to stderr for as long as its session lasts, and a
+    file would grow with it on the runner host's disk.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        read_fd, write_fd = os.pipe()
+        self.file = os.fdopen(write_fd, "w", encoding="utf-8")
+        self._reader = os.fdopen(read_fd, "rb", buffering=0)
+        self._kept = bytearray()
+        self._lock = threading.Lock()
+        self._drainer = threading.Thread(target=self._drain, name="mcp-stderr", daemon=True)
+        self._drainer.start()
+
+    def _drain(self) -> None:
+        with self._reader:
+            while chunk := self._reader.read(64 * 1024):
+                with self._lock:
+                    self._kept += chunk
+                    del self._kept[: -self.limit]
+
+    def text(self, *, settle_s: float = 0.5) -> str:
+        """What the server wrote last. A failed start quotes it: a server that has exited is
+        read to its end first (at most ``settle_s``; one still running, as far as read)."""
+        self._drainer.join(timeout=settle_s)
+        with self._lock:
+            return self._kept.decode("utf-8", errors="replace")
+
+    def __enter__(self) -> StderrTail:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # The process has ended, so the reader meets the end of the pipe; it goes by itself
+        # should a process still hold the pipe open.
+        self.file.close()
+        self._drainer.join(timeout=1)
 
 
 def listed_tool(tool: mcp_types.Tool) -> dict[str, Any]:

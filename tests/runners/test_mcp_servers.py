@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ from runners.dispatch import run_verified
 from runners.mcp.errors import McpImageMissing, McpToolChanged
 from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, host_block_rules
 from runners.mcp.servers import DockerMcpServers, reap_mcp_call
-from runners.mcp.session import MCP_LABEL, list_tools, server_session
+from runners.mcp.session import MCP_LABEL, STDERR_TAIL_CHARS, list_tools, server_session
 from runners.runner import Disposition, Runner
 from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
@@ -740,3 +741,57 @@ def test_a_deleted_projects_servers_stop_and_another_projects_stay(
         time.sleep(0.2)
     assert _server_containers(engine, project) == []
     assert len(_server_containers(engine, other)) == 1
+
+
+# 16 MiB of stderr, its last line THE-END, then an exit before any MCP is spoken.
+_STDERR_FLOOD = (
+    "import sys; [sys.stderr.write('x' * 4095 + '\\n') for _ in range(4096)]; "
+    "sys.stderr.write('THE-END\\n')"
+)
+_START_UNDER_A_FILE_SIZE_LIMIT = """
+import json, resource, sys
+import anyio, docker
+from runners.mcp.errors import McpStartFailed
+from runners.mcp.session import server_session
+
+# Any file this process or its children write stops at 1 MiB (SIGXFSZ).
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+profile, labels = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+
+async def start():
+    async with server_session(docker.from_env(), profile, labels=labels, workspace=None):
+        pass
+
+try:
+    anyio.run(start)
+except McpStartFailed as error:
+    print(error)
+"""
+
+
+def test_a_servers_stderr_is_kept_by_its_end_in_memory_never_in_a_file(
+    engine: Any, project: str, server_image: str
+) -> None:
+    """A server may write to stderr for as long as its session lasts. The runner keeps the
+    end of it in memory: written to a file, it would grow on the runner host's disk. Under a
+    file size limit of 1 MiB, a server's 16 MiB of stderr still reaches the runner to its
+    last line, which the start failure quotes."""
+    profile = make_profile(server_image, workspace="none", command=["python3", "-c", _STDERR_FLOOD])
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _START_UNDER_A_FILE_SIZE_LIMIT,
+            json.dumps(profile),
+            json.dumps({"project": project, "purpose": "test-stderr"}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert "the server did not" in started.stdout, (started.stdout[-500:], started.stderr[-2000:])
+    quoted = started.stdout.rsplit("its stderr ends: ", 1)[1]
+    assert quoted.strip().endswith("THE-END\\n'"), quoted[-200:]
+    assert len(quoted) < 2 * STDERR_TAIL_CHARS
+    assert _server_containers(engine, project) == []
