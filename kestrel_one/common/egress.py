@@ -177,6 +177,9 @@ def _range_refusal(address: IPAddress) -> str | None:
         return "reserved"
     if address.is_private:
         return "private"
+    if address.version == 6 and address.is_site_local:
+        # fec0::/10: deprecated, but routed inside some networks, and "global" to ipaddress.
+        return "site-local"
     if not address.is_global:
         return "not globally routable"
     return None

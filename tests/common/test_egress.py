@@ -171,6 +171,7 @@ REFUSED = [
     "fe80::1",
     "fd00::1",
     "fd00:ec2::254",  # IPv6 metadata
+    "fec0::1",  # deprecated site-local, which some networks still route inside
     "::ffff:127.0.0.1",  # IPv4-mapped
     "::ffff:169.254.169.254",
     "::ffff:10.0.0.1",
