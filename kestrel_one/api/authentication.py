@@ -3,6 +3,11 @@
 Session cookies are deliberately not accepted here (a browser session is not an API bearer
 token), so CSRF on the API cannot arise. A request that presents a token which does not
 verify gets 401 and never falls back to the anonymous loopback rule.
+
+The anonymous loopback rule itself is ambient authority, as a cookie is: a web page of any
+site open in a browser on the same machine can send requests to 127.0.0.1 (a form, or a
+``fetch`` with no body, needs no preflight). So a loopback request that a browser marks as
+sent from another origin (``Sec-Fetch-Site``, ``Origin``) is never the local agent.
 """
 
 from __future__ import annotations
@@ -57,6 +62,23 @@ def is_loopback(address: str | None) -> bool:
     return ip.is_loopback
 
 
+def cross_origin_sender(request) -> str | None:
+    """What shows that a browser sent ``request`` from a page of another origin, or None.
+
+    Browsers mark every request: ``Sec-Fetch-Site`` (``same-origin`` from this server's own
+    pages, ``none`` when the person typed the address), and ``Origin`` on a cross-origin
+    ``fetch`` and on every form POST. Another port on localhost is another origin. A local
+    process (curl, an agent, an MCP client) sends neither.
+    """
+    fetch_site = request.META.get("HTTP_SEC_FETCH_SITE")
+    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+        return f"Sec-Fetch-Site: {fetch_site}"
+    origin = request.META.get("HTTP_ORIGIN")
+    if origin is not None and origin != f"{request.scheme}://{request.get_host()}":
+        return f"Origin: {origin}"
+    return None
+
+
 def local_agent(*, anonymous: bool) -> Principal:
     """Single-host mode: the loopback caller without a person's token. It addresses what the
     local owner may address, with LOCAL_AGENT_SCOPES only, and is never a person."""
@@ -75,6 +97,13 @@ class KestrelTokenAuthentication(BaseAuthentication):
             return self._authenticate_token(token_value)
         if settings.SINGLE_HOST and not settings.KESTREL_SERVER_TOKEN:
             if is_loopback(request.META.get("REMOTE_ADDR")):
+                sent_by = cross_origin_sender(request)
+                if sent_by is not None:
+                    raise exceptions.AuthenticationFailed(
+                        f"A web page of another origin ({sent_by}) sent this request, so it "
+                        "is not the local agent: a local process calls without a browser, "
+                        "and anything else sends a token (Authorization: Bearer)."
+                    )
                 return None, local_agent(anonymous=True)
         return None
 

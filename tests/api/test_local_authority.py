@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from kestrel_one.accounts.scopes import LOCAL_AGENT_SCOPES, SCOPES
 from kestrel_one.tenancy.bootstrap import agent_token_create
+from kestrel_one.threads.models import Thread
 from tests.api.routes import BODIES, call, database_fingerprint, fill, org_scoped_routes
 
 pytestmark = pytest.mark.spec("LOCAL-2", "POL-5")
@@ -185,3 +186,37 @@ def test_the_local_agent_cannot_accept_a_task_as_a_person(world, single_host):
     )
     assert response.status_code == 403
     assert "local agent" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "browser_headers",
+    [
+        {"HTTP_SEC_FETCH_SITE": "cross-site", "HTTP_ORIGIN": "https://evil.example"},
+        # Another port on this machine is another origin, though the same site.
+        {"HTTP_SEC_FETCH_SITE": "same-site", "HTTP_ORIGIN": "http://127.0.0.1:3000"},
+        {"HTTP_ORIGIN": "null"},  # a sandboxed frame, or an older browser without Sec-Fetch
+    ],
+)
+def test_a_web_page_of_another_origin_is_never_the_local_agent(world, single_host, browser_headers):
+    """Any site open in a browser on this machine can send requests to 127.0.0.1, and a POST
+    with no body needs no preflight. Without a token, such a request is refused before
+    anything runs, while a local process and this server's own pages are the local agent."""
+    end = (
+        f"/api/v1/orgs/acme/projects/{world.project.public_id}/threads/{world.thread.public_id}/end"
+    )
+    browser = APIClient(REMOTE_ADDR="127.0.0.1", **browser_headers)
+    refused = browser.post(end, data="", content_type="text/plain")
+    assert refused.status_code == 401, refused.content
+    assert "another origin" in refused.json()["error"]["message"]
+    assert Thread.objects.get(pk=world.thread.pk).status == "open"
+    assert browser.get("/api/v1/orgs/acme").status_code == 401
+
+    same_origin = APIClient(
+        REMOTE_ADDR="127.0.0.1",
+        HTTP_HOST="127.0.0.1:8000",
+        HTTP_ORIGIN="http://127.0.0.1:8000",
+        HTTP_SEC_FETCH_SITE="same-origin",
+    )
+    assert same_origin.get("/api/v1/orgs/acme").status_code == 200
+    local_process = APIClient(REMOTE_ADDR="127.0.0.1")
+    assert local_process.get("/api/v1/orgs/acme").status_code == 200
