@@ -3,9 +3,10 @@
 ``server_session`` creates the container from a signed profile only (``container_options``:
 the tool sandboxes' hardening, RUN-3, and the profile's image id, mount, network and
 limits), attaches to its stdin and stdout through ``docker start --attach --interactive``
-(the SDK's ``stdio_client`` runs it), initializes the session and removes the container
-when the session ends. ``list_tools`` and ``call_pinned`` are the two things a session is
-used for: listing (discovery, and the check before every call) and one pinned call.
+(the SDK's ``stdio_client`` runs it, through ``line_bound.py``, which bounds a line),
+initializes the session and removes the container when the session ends. ``list_tools``
+and ``call_pinned`` are the two things a session is used for: listing (discovery, and the
+check before every call) and one pinned call.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import threading
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -64,6 +66,10 @@ SERVER_TMP = "/tmp"  # noqa: S108 - the container's own tmpfs
 START_TIMEOUT_SECONDS = 60.0
 # How much of a server's stderr (bytes) a start failure quotes, and all the runner keeps.
 STDERR_TAIL_CHARS = 2000
+# The longest line (one JSON-RPC message) a server may write; a longer one ends its session
+# (runners/mcp/line_bound.py, between the docker command and the SDK's reader).
+MAX_LINE_BYTES = 16 * 1024 * 1024
+LINE_BOUND = Path(__file__).with_name("line_bound.py")
 # What the docker command needs from the runner's environment to reach the same engine.
 _DOCKER_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
@@ -179,8 +185,11 @@ async def server_session(
     env = {
         name: os.environ[name] for name in ("DOCKER_HOST", "DOCKER_CONFIG") if name in os.environ
     }
+    attach = [cli, "start", "--attach", "--interactive", container_id]
     params = StdioServerParameters(
-        command=cli, args=["start", "--attach", "--interactive", container_id], env=env
+        command=sys.executable,
+        args=["-I", str(LINE_BOUND), "--max-line", str(MAX_LINE_BYTES), "--", *attach],
+        env=env,
     )
     initialized = False
     with StderrTail(STDERR_TAIL_CHARS) as errlog:
@@ -201,6 +210,13 @@ async def server_session(
             raise
         except Exception as error:
             if not initialized:
+                # The SDK's task groups wrap what the start raised: say that, not the group.
+                if isinstance(error, ExceptionGroup):
+                    failed, _rest = error.split(McpStartFailed)
+                    while isinstance(failed, ExceptionGroup):
+                        failed = failed.exceptions[0]
+                    if failed is not None:
+                        raise failed from None
                 raise McpStartFailed(
                     f"the server did not start ({_describe(error)}); its stderr ends: "
                     f"{errlog.text()!r}"

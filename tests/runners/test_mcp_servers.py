@@ -41,10 +41,16 @@ from runners.contract.tokens import (
     verify_result,
 )
 from runners.dispatch import run_verified
-from runners.mcp.errors import McpImageMissing, McpToolChanged
+from runners.mcp.errors import McpImageMissing, McpStartFailed, McpToolChanged
 from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, host_block_rules
 from runners.mcp.servers import DockerMcpServers, reap_mcp_call
-from runners.mcp.session import MCP_LABEL, STDERR_TAIL_CHARS, list_tools, server_session
+from runners.mcp.session import (
+    MAX_LINE_BYTES,
+    MCP_LABEL,
+    STDERR_TAIL_CHARS,
+    list_tools,
+    server_session,
+)
 from runners.runner import Disposition, Runner
 from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
@@ -794,4 +800,39 @@ def test_a_servers_stderr_is_kept_by_its_end_in_memory_never_in_a_file(
     quoted = started.stdout.rsplit("its stderr ends: ", 1)[1]
     assert quoted.strip().endswith("THE-END\\n'"), quoted[-200:]
     assert len(quoted) < 2 * STDERR_TAIL_CHARS
+    assert _server_containers(engine, project) == []
+
+
+# 64 MiB on stdout and never a newline, then the server waits.
+_ENDLESS_LINE = (
+    "import sys, time\n"
+    "for _ in range(1024):\n"
+    "    sys.stdout.write('x' * 65536); sys.stdout.flush()\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_line_longer_than_the_bound_ends_the_session_at_once(
+    engine: Any, project: str, server_image: str
+) -> None:
+    """The SDK's reader keeps an unfinished line in memory however long it grows. A server
+    that writes without a newline is cut off at MAX_LINE_BYTES, and its session fails
+    saying why, instead of growing the runner's memory until the start times out."""
+    profile = make_profile(server_image, workspace="none", command=["python3", "-c", _ENDLESS_LINE])
+    client = docker.from_env()
+
+    async def start() -> None:
+        async with server_session(
+            client, profile, labels={"project": project}, workspace=None, start_timeout=45
+        ):
+            pass
+
+    try:
+        with pytest.raises(McpStartFailed) as failed:
+            anyio.run(start)
+    finally:
+        client.close()
+    assert str(failed.value).startswith("the server did not initialize"), failed.value
+    assert f"a line longer than {MAX_LINE_BYTES} bytes" in str(failed.value)
+    assert "no answer in time" not in str(failed.value)
     assert _server_containers(engine, project) == []
