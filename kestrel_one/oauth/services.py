@@ -11,6 +11,7 @@ hashed at rest by accounts.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import datetime
 from urllib.parse import urlsplit
 
@@ -30,6 +31,10 @@ from kestrel_one.tenancy.models import Project
 # The most an OAuth client is ever given: read and work in one Project. Never
 # actions:approve (authority stays with the person in the console) nor any admin scope.
 OAUTH_SCOPES = ("projects:read", "projects:write")
+# Where a client may be sent back to.
+REDIRECT_SCHEMES = ["https", "http"]
+# A host name or an IP address, as a CSP source may name one (nothing that ends a directive).
+_CSP_HOST = re.compile(r"[a-z0-9.-]+|[0-9a-f:.]+")
 
 
 class GrantRefused(Exception):
@@ -48,6 +53,21 @@ def consenting_person(user) -> Principal:
 def redirect_host(redirect_uri: str) -> str:
     parts = urlsplit(redirect_uri)
     return parts.netloc or redirect_uri[:100]
+
+
+def redirect_origin(redirect_uri: str) -> str | None:
+    """The origin of a client's redirect address as a CSP source (``http://127.0.0.1:8765``),
+    or None for anything that is not a plain http(s) host and port."""
+    parts = urlsplit(redirect_uri)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname or ""
+    if parts.scheme not in REDIRECT_SCHEMES or not _CSP_HOST.fullmatch(host):
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
 
 @transaction.atomic

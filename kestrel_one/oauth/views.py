@@ -3,9 +3,6 @@ the consent page, the token endpoint and revocation (RFC 7009)."""
 
 from __future__ import annotations
 
-import re
-from urllib.parse import urlsplit
-
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -23,11 +20,9 @@ from kestrel_one.accounts.scopes import SCOPES
 from kestrel_one.common.addresses import mcp_endpoint_url, public_origin
 from kestrel_one.oauth import registration, services
 from kestrel_one.oauth.resources import resource_project
+from kestrel_one.oauth.services import REDIRECT_SCHEMES
 
-REDIRECT_SCHEMES = ["https", "http"]
 AUTHORIZE_PATH = "/console/oauth/authorize"
-# A host name or an IP address, as a CSP source may name one (nothing that ends a directive).
-_CSP_HOST = re.compile(r"[a-z0-9.-]+|[0-9a-f:.]+")
 
 
 def _public_json(body: dict) -> JsonResponse:
@@ -256,25 +251,10 @@ class AuthorizeView(OAuthLibMixin, View):
         # The form posts here, and the answer redirects to the client. Browsers hold the
         # redirect to the page's form-action too, so this page allows the client's own origin
         # (only that, for this response) or Allow would be blocked in the browser.
-        client_origin = redirect_origin(redirect_uri)
+        client_origin = services.redirect_origin(redirect_uri)
         if client_origin is not None:
             response._csp_update = {"form-action": [client_origin]}  # type: ignore[attr-defined]
         return response
-
-
-def redirect_origin(redirect_uri: str) -> str | None:
-    """The origin of a client's redirect address as a CSP source (``http://127.0.0.1:8765``),
-    or None for anything that is not a plain http(s) host and port."""
-    parts = urlsplit(redirect_uri)
-    try:
-        port = parts.port
-    except ValueError:
-        return None
-    host = parts.hostname or ""
-    if parts.scheme not in REDIRECT_SCHEMES or not _CSP_HOST.fullmatch(host):
-        return None
-    host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
 
 def _error_page(request, title: str, message: str, status: int = 400) -> HttpResponse:

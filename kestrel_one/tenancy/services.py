@@ -228,15 +228,9 @@ def may_hold_sign_in_link(actor: Principal, organization, role: Role) -> bool:
     return actor.is_person and ROLE_SCOPES[role] <= actor.scopes_in(organization)
 
 
-def _sign_in_link(
-    actor: Principal, membership: Membership, base_url: str
-) -> tuple[str, datetime] | None:
-    """A fresh link for ``membership``'s person, or None when they may not have one
-    (accounts/sign_in_links.py) or ``actor`` may not hold it."""
-    if not sign_in_link_allowed(membership.user, membership.organization):
-        return None
-    if not may_hold_sign_in_link(actor, membership.organization, Role(membership.role)):
-        return None
+def _sign_in_link(membership: Membership, base_url: str) -> tuple[str, datetime]:
+    """A fresh link for ``membership``'s person under ``base_url``, and until when it works.
+    Callers check first that the person may have one and the caller may hold it."""
     return base_url.rstrip("/") + sign_in_link_path(membership.user), sign_in_link_expires_at()
 
 
@@ -262,14 +256,12 @@ def member_add(
     membership = _membership_create(
         actor=actor, organization=organization, user=user, role=role, projects=projects
     )
-    # Made after the membership exists: the link's token covers the person's memberships.
-    made = _sign_in_link(actor, membership, base_url)
-    if made is None:
+    no_way_in = sign_in_link_allowed(user, organization)
+    if not (no_way_in and may_hold_sign_in_link(actor, organization, role)):
         _membership_add_audit(actor=actor, membership=membership, projects=projects)
-        return MemberAdded(
-            membership, sign_in_link_withheld=sign_in_link_allowed(user, organization)
-        )
-    link, expires_at = made
+        return MemberAdded(membership, sign_in_link_withheld=no_way_in)
+    # Made after the membership exists: the link's token covers the person's memberships.
+    link, expires_at = _sign_in_link(membership, base_url)
     _membership_add_audit(
         actor=actor,
         membership=membership,
@@ -295,14 +287,13 @@ def member_sign_in_link(*, actor: Principal, membership: Membership, base_url: s
             "or operator rights), so no sign-in link is made; they sign in as before, or an "
             "operator runs set_password."
         )
-    made = _sign_in_link(actor, membership, base_url)
-    if made is None:
+    if not may_hold_sign_in_link(actor, organization, Role(membership.role)):
         raise PermissionDenied(
             "Whoever holds a sign-in link becomes that person, with every scope of their "
             f"role '{membership.role}', and you do not hold all of them here: make the link "
             "signed in to the console as someone who does."
         )
-    link, expires_at = made
+    link, expires_at = _sign_in_link(membership, base_url)
     audit_record(
         organization=organization,
         actor=actor,

@@ -23,7 +23,7 @@ import sys
 _CHUNK = 64 * 1024
 
 
-def relay(source: int, sink: int, max_line: int) -> bool:
+def copy_bounded(source: int, sink: int, max_line: int) -> bool:
     """Copy ``source`` to ``sink`` until end of file (True), or until a line passes
     ``max_line`` bytes (False; the chunk holding its excess is not copied)."""
     line = 0  # bytes of the unfinished line so far
@@ -45,11 +45,11 @@ def relay(source: int, sink: int, max_line: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-line", type=int, required=True, help="bytes per line, at most")
-    parser.add_argument("command", nargs="+", help="the command whose stdout is relayed")
+    parser.add_argument("command", nargs="+", help="the command whose stdout is passed on")
     options = parser.parse_args(argv)
     child = subprocess.Popen(options.command, stdout=subprocess.PIPE)
     assert child.stdout is not None
-    if relay(child.stdout.fileno(), sys.stdout.fileno(), options.max_line):
+    if copy_bounded(child.stdout.fileno(), sys.stdout.fileno(), options.max_line):
         return child.wait()
     sys.stderr.write(
         f"kestrel: the MCP server wrote a line longer than {options.max_line} bytes; "

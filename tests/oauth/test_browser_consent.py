@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from kestrel_one.oauth.views import redirect_origin
+from kestrel_one.oauth.services import redirect_origin
 from tests.console.browser import browser_page, chromium, monkeypatch_module, sign_in
 from tests.oauth.flow import Pkce, authorize_path, exchange, http, mcp_path, register
 
