@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kestrel_one.accounts.scopes import LOCAL_AGENT_SCOPES, ROLE_SCOPES, SCOPES, Role
+from kestrel_one.accounts.scopes import (
+    LOCAL_AGENT_SCOPES,
+    ORGANIZATION_SCOPES,
+    ROLE_SCOPES,
+    SCOPES,
+    Role,
+)
 
 
 class PrincipalKind(StrEnum):
@@ -110,7 +116,8 @@ class Principal:
 
     def scopes_in(self, organization) -> frozenset[str]:
         """Effective scopes: role ∩ token for a person, exactly the token's for an integration,
-        the owner's role ∩ LOCAL_AGENT_SCOPES for the local agent."""
+        the owner's role ∩ LOCAL_AGENT_SCOPES for the local agent; without
+        ``ORGANIZATION_SCOPES`` for whoever sees only some of the organization's projects."""
         if self.kind == PrincipalKind.SYSTEM:
             return frozenset(SCOPES)
         if self.kind == PrincipalKind.LOCAL_AGENT:
@@ -120,12 +127,30 @@ class Principal:
             return frozenset()
         token_scopes = frozenset(self.token.scopes) if self.token is not None else None
         if self.user is None:
-            return token_scopes or frozenset()
-        role = self.role_in(organization)
-        if role is None:
-            return frozenset()
-        role_scopes = ROLE_SCOPES[role]
-        return role_scopes & token_scopes if token_scopes is not None else role_scopes
+            held = token_scopes or frozenset()
+        else:
+            membership = self.membership_in(organization)
+            if membership is None:
+                return frozenset()
+            held = ROLE_SCOPES[Role(membership.role)]
+            if token_scopes is not None:
+                held &= token_scopes
+        return held - ORGANIZATION_SCOPES if self.limited_in(organization) else held
+
+    def limited_in(self, organization) -> bool:
+        """Whether this principal sees only some of the organization's projects: a member
+        granted only some, a person's token limited to some, an integration token not given
+        every project. The set itself is tenancy's ``ProjectQuerySet.limit_of``."""
+        if self.kind == PrincipalKind.SYSTEM:
+            return False
+        if self.user is None and self.token is not None:
+            return not self.token.all_projects
+        membership = self.membership_in(organization)
+        if membership is None:
+            return True
+        return not membership.all_projects or (
+            self.token is not None and self.token.limited_to_projects
+        )
 
 
 def system_principal(name: str) -> Principal:
@@ -136,3 +161,22 @@ def system_principal(name: str) -> Principal:
 def runner_principal(runner_id: str) -> Principal:
     """The actor recorded for a verified runner report; it holds no scope anywhere."""
     return Principal(PrincipalKind.RUNNER, system_name=runner_id)
+
+
+def missing_scope_message(principal: Principal, scope: str, organization) -> str:
+    """What a 403 says to a caller without ``scope`` in ``organization``: why it lacks it,
+    where that is more than its role or token."""
+    if principal.kind == PrincipalKind.LOCAL_AGENT:
+        return (
+            f"A local agent cannot do this: it needs the '{scope}' scope, which only a person "
+            "holds. Sign in to the console, or use your own API token."
+        )
+    if scope in ORGANIZATION_SCOPES and principal.limited_in(organization):
+        return (
+            f"This needs the '{scope}' scope, which acts on the whole organization: nobody "
+            "limited to some of its projects holds it, whatever their role or token says."
+        )
+    return (
+        f"This needs the '{scope}' scope, which your role or token does not hold in this "
+        "organization."
+    )

@@ -45,6 +45,29 @@ SCOPES: dict[str, str] = {
     "egress and accept their network risk.",
 }
 
+# Scopes over what belongs to the whole organization, not to a project: its audit log,
+# everyone's tokens, environments and every policy (the ceilings, the surfaces, and the
+# org-admin policy console that edits projects' policies too), runners, webhooks (they carry
+# every project's events), retention, credentials and MCP servers. A principal that sees only
+# some projects never holds them, whatever its role or token says (``Principal.scopes_in``):
+# a power over the organization would reach the projects it cannot see. What it keeps is
+# project-sized: reading and working in its projects, approving there, its own tokens and
+# connections, and members and projects within its own set (tenancy's grant checks).
+ORGANIZATION_SCOPES = frozenset(
+    {
+        "audit:read",
+        "tokens:admin",
+        "environments:write",
+        "policies:write",
+        "runners:write",
+        "webhooks:write",
+        "retention:write",
+        "credentials:read",
+        "credentials:write",
+        "mcp:write",
+    }
+)
+
 ROLE_SCOPES: dict[Role, frozenset[str]] = {
     Role.OWNER: frozenset(SCOPES),
     Role.ADMIN: frozenset(SCOPES),
@@ -62,6 +85,14 @@ ROLE_SCOPES: dict[Role, frozenset[str]] = {
     Role.VIEWER: frozenset({"org:read", "projects:read", "tokens:write"}),
     Role.AUDITOR: frozenset({"org:read", "audit:read", "tokens:write"}),
 }
+
+
+def role_scopes(role: Role, *, every_project: bool) -> frozenset[str]:
+    """What a member with ``role`` holds: all of the role's scopes if they see every project,
+    else those that stay within projects (without ``ORGANIZATION_SCOPES``)."""
+    held = ROLE_SCOPES[role]
+    return held if every_project else held - ORGANIZATION_SCOPES
+
 
 # Single-host mode: what a loopback caller without a person's token (the local agent) may do.
 # It reads, makes threads and requests actions; every power over authority (approving,

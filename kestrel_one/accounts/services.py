@@ -15,8 +15,14 @@ from django.utils import timezone
 
 from kestrel_one.accounts import tokens
 from kestrel_one.accounts.models import ApiToken, User
-from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.scopes import PERSON_ONLY_SCOPES, Role, outranks, unknown_scopes
+from kestrel_one.accounts.principal import Principal, PrincipalKind, missing_scope_message
+from kestrel_one.accounts.scopes import (
+    ORGANIZATION_SCOPES,
+    PERSON_ONLY_SCOPES,
+    Role,
+    outranks,
+    unknown_scopes,
+)
 from kestrel_one.audit.services import audit_record, audit_refusal_record
 from kestrel_one.common.errors import PermissionDenied, ValidationFailed
 
@@ -76,11 +82,18 @@ def token_create(
     held = actor.scopes_in(organization)
     exceeding = sorted(set(scopes) - held)
     if exceeding:
+        why = ""
+        if set(exceeding) <= ORGANIZATION_SCOPES and actor.limited_in(organization):
+            why = (
+                " They act on the whole organization, which nobody limited to some of its "
+                "projects holds."
+            )
         raise PermissionDenied(
-            f"You cannot grant scope(s) you do not hold: {', '.join(exceeding)}."
+            f"You cannot grant scope(s) you do not hold: {', '.join(exceeding)}.{why}"
         )
     if integration and "tokens:admin" not in held:
-        raise PermissionDenied("Creating integration tokens needs the 'tokens:admin' scope.")
+        # Integration tokens are made with tokens:admin; the message says why it is missing.
+        raise PermissionDenied(missing_scope_message(actor, "tokens:admin", organization))
     if integration and "actions:approve" in scopes:
         raise ValidationFailed(
             "Integration tokens cannot approve: approvals are made by people.",
@@ -127,6 +140,13 @@ def token_create(
         all_projects, chosen = _token_projects(actor, organization, limit_to_projects)
     else:
         all_projects, chosen = False, []
+    organization_wide = sorted(ORGANIZATION_SCOPES & set(scopes))
+    if organization_wide and not all_projects and (integration or limit_to_projects is not None):
+        raise ValidationFailed(
+            f"A token limited to some projects cannot hold {', '.join(organization_wide)}: "
+            "those act on the whole organization. Give it every project, or leave them out.",
+            details={"scopes": [f"{scope}: needs every project" for scope in organization_wide]},
+        )
     checks = sorted(set(checks or []))
     _check_bindable(actor, checks)
     plaintext, key_id, secret_hash = tokens.generate()

@@ -13,22 +13,10 @@ from django.db.models import Q
 from rest_framework import exceptions, viewsets
 from rest_framework.exceptions import NotFound
 
-from kestrel_one.accounts.principal import PrincipalKind
+from kestrel_one.accounts.principal import missing_scope_message
 from kestrel_one.common.errors import PermissionDenied
 from kestrel_one.tenancy.selectors import organization_addressed, project_visible
 from kestrel_one.threads.models import Thread
-
-
-def missing_scope_message(principal, scope: str) -> str:
-    if principal.kind == PrincipalKind.LOCAL_AGENT:
-        return (
-            f"A local agent cannot do this: it needs the '{scope}' scope, which only a person "
-            "holds. Sign in to the console, or use your own API token."
-        )
-    return (
-        f"This needs the '{scope}' scope, which your role or token does not hold in this "
-        "organization."
-    )
 
 
 class OrgScopedViewSet(viewsets.GenericViewSet):
@@ -68,7 +56,7 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
         if required is None:
             raise exceptions.MethodNotAllowed(request.method)
         if required not in principal.scopes_in(organization):
-            raise PermissionDenied(missing_scope_message(principal, required))
+            raise PermissionDenied(missing_scope_message(principal, required, organization))
         self.resolve_parents(**kwargs)
 
     def resolve_parents(self, **kwargs) -> None:

@@ -17,8 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views import View
 
-from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.api.base import missing_scope_message
+from kestrel_one.accounts.principal import Principal, PrincipalKind, missing_scope_message
 from kestrel_one.console.paging import capped_count
 from kestrel_one.console.sudo import sudo_fresh, sudo_redirect, sudo_seconds_left
 from kestrel_one.execution.selectors import actions_awaiting_decision
@@ -71,7 +70,7 @@ class ConsoleView(View):
         self.scopes = self.principal.scopes_in(organization)
         if required not in self.scopes:
             return self.page_error(
-                403, "Not allowed", missing_scope_message(self.principal, required)
+                403, "Not allowed", missing_scope_message(self.principal, required, organization)
             )
         self.resolve_parents(**kwargs)
         what = self.sudo_for.get(method)

@@ -24,7 +24,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.throttling import SimpleRateThrottle
 
-from kestrel_one.api.base import ProjectScopedViewSet, missing_scope_message
+from kestrel_one.accounts.principal import missing_scope_message
+from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.common.addresses import public_origin
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.governance.selectors import parse_mode
@@ -184,7 +185,7 @@ class McpEndpointViewSet(ProjectScopedViewSet):
             write_refused=(
                 None
                 if "projects:write" in self.principal.scopes_in(self.organization)
-                else missing_scope_message(self.principal, "projects:write")
+                else missing_scope_message(self.principal, "projects:write", self.organization)
             ),
         )
 

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.scopes import ROLE_RANK, ROLE_SCOPES, Role, outranks
+from kestrel_one.accounts.scopes import ROLE_RANK, Role, outranks, role_scopes
 from kestrel_one.accounts.services import user_get_or_create
 from kestrel_one.accounts.sign_in_links import (
     sign_in_link_allowed,
@@ -214,8 +214,11 @@ class MemberAdded:
     sign_in_link_withheld: bool = False
 
 
-def may_hold_sign_in_link(actor: Principal, organization, role: Role) -> bool:
-    """Whether ``actor`` may be handed the sign-in link of a person with ``role``.
+def may_hold_sign_in_link(
+    actor: Principal, organization, role: Role, *, every_project: bool
+) -> bool:
+    """Whether ``actor`` may be handed the sign-in link of a person with ``role`` (seeing
+    ``every_project`` of the organization, or only some).
 
     Whoever holds a link becomes that person, with every scope of their role, approving
     included. So it goes only to the operator on the server, or to a person who already holds
@@ -225,7 +228,8 @@ def may_hold_sign_in_link(actor: Principal, organization, role: Role) -> bool:
     """
     if actor.kind == PrincipalKind.SYSTEM:
         return True
-    return actor.is_person and ROLE_SCOPES[role] <= actor.scopes_in(organization)
+    theirs = role_scopes(role, every_project=every_project)
+    return actor.is_person and theirs <= actor.scopes_in(organization)
 
 
 def _sign_in_link(membership: Membership, base_url: str) -> tuple[str, datetime]:
@@ -257,7 +261,10 @@ def member_add(
         actor=actor, organization=organization, user=user, role=role, projects=projects
     )
     no_way_in = sign_in_link_allowed(user, organization)
-    if not (no_way_in and may_hold_sign_in_link(actor, organization, role)):
+    if not (
+        no_way_in
+        and may_hold_sign_in_link(actor, organization, role, every_project=projects is None)
+    ):
         _membership_add_audit(actor=actor, membership=membership, projects=projects)
         return MemberAdded(membership, sign_in_link_withheld=no_way_in)
     # Made after the membership exists: the link's token covers the person's memberships.
@@ -287,7 +294,9 @@ def member_sign_in_link(*, actor: Principal, membership: Membership, base_url: s
             "or operator rights), so no sign-in link is made; they sign in as before, or an "
             "operator runs set_password."
         )
-    if not may_hold_sign_in_link(actor, organization, Role(membership.role)):
+    if not may_hold_sign_in_link(
+        actor, organization, Role(membership.role), every_project=membership.all_projects
+    ):
         raise PermissionDenied(
             "Whoever holds a sign-in link becomes that person, with every scope of their "
             f"role '{membership.role}', and you do not hold all of them here: make the link "

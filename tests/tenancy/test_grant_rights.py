@@ -51,9 +51,10 @@ def test_a_limited_admin_cannot_lock_out_the_owner(world):
     assert admin.delete(f"{MEMBERS}/{owner.public_id}").status_code == 403
     owner.refresh_from_db()
     assert owner.all_projects is True and owner.role == "owner"
-    # Nor lock the owner out of the API by revoking the owner's token.
+    # Nor lock the owner out of the API by revoking the owner's token: without tokens:admin,
+    # which nobody limited to some projects holds, it sees only its own tokens.
     revoked = admin.delete(f"/api/v1/orgs/acme/tokens/{world['owner'].token.public_id}")
-    assert revoked.status_code == 403, revoked.content
+    assert revoked.status_code == 404, revoked.content
     assert world["owner"].client().get("/api/v1/orgs/acme").status_code == 200
 
 
@@ -119,10 +120,28 @@ def test_an_admin_cannot_change_another_admin_but_an_owner_can(world):
 
 
 def test_an_integration_token_sees_no_more_than_its_creator(world):
-    client = limit_admin_to_hangar(world).client()
-    made = client.post(
+    # Integration tokens are made with tokens:admin, a power over the whole organization:
+    # nobody limited to some projects holds it, so no such token is wider than its creator.
+    limited = limit_admin_to_hangar(world).client()
+    refused = limited.post(
         "/api/v1/orgs/acme/tokens",
         {"name": "bot", "scopes": ["org:read", "projects:read"], "integration": True},
+        format="json",
+    )
+    assert refused.status_code == 403, refused.content
+    assert (
+        "'tokens:admin' scope, which acts on the whole organization"
+        in (refused.json()["error"]["message"])
+    )
+    owner = world["owner"].client()
+    made = owner.post(
+        "/api/v1/orgs/acme/tokens",
+        {
+            "name": "bot",
+            "scopes": ["org:read", "projects:read"],
+            "integration": True,
+            "projects": [world.other_project.public_id],
+        },
         format="json",
     )
     assert made.status_code == 201, made.content
@@ -133,19 +152,21 @@ def test_an_integration_token_sees_no_more_than_its_creator(world):
     assert bot.get(f"/api/v1/orgs/acme/projects/{world.project.public_id}").status_code == 404
     threads = bot.get(f"/api/v1/orgs/acme/projects/{world.project.public_id}/threads")
     assert threads.status_code == 404
-    wider = client.post(
+    # Left out, the set is what the creator sees (the owner: every project).
+    everything = owner.post(
         "/api/v1/orgs/acme/tokens",
-        {"name": "all", "scopes": ["org:read"], "integration": True, "projects": None},
+        {"name": "all", "scopes": ["org:read"], "integration": True},
         format="json",
     )
-    assert wider.status_code == 403, wider.content
-    hidden = client.post(
+    assert everything.status_code == 201 and everything.json()["projects"] is None
+    # A project the creator cannot see (another organization's) is answered like a missing one.
+    hidden = owner.post(
         "/api/v1/orgs/acme/tokens",
         {
             "name": "other",
             "scopes": ["org:read"],
             "integration": True,
-            "projects": [world.project.public_id],
+            "projects": [world.foreign_project.public_id],
         },
         format="json",
     )
