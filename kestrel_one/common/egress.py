@@ -12,9 +12,10 @@ tenant chose) both go through here, so the rules hold for both:
 - TLS is verified (system CAs, plus the operator's extra bundle); a 3xx answer is refused,
   never followed; the time of the whole exchange and the bytes read are bounded (over the
   bound fails, it does not truncate);
-- messages of the exceptions raised here name the origin (scheme, host, port) and the
-  address, never a path, a query, a request header or a body: a webhook URL's path often
-  carries a consumer's token, and an adapter's headers carry a credential.
+- messages of the exceptions raised here name the origin (scheme, host, port), never a path,
+  a query, a request header or a body (a webhook URL's path often carries a consumer's
+  token, and an adapter's headers carry a credential), nor the address a refused name
+  resolves to (the operator's log has it): a tenant learns no internal address by naming it.
 
 Operator settings (docs/operations.md): ``KESTREL_EGRESS_HOST_OVERRIDES`` points an exact host
 name at a test address (which is then allowed even on loopback) and
@@ -27,6 +28,7 @@ This check complements network egress policy for the control workers; it does no
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
 import socket
@@ -56,6 +58,8 @@ __all__ = [
     "egress_stream",
     "host_overrides_parse",
 ]
+
+logger = logging.getLogger(__name__)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -347,7 +351,13 @@ def destination_addresses(
         if reason and _ip_literal(destination.host) is not None:
             raise EgressRefused(f"{address} is {reason}")
         if reason:
-            raise EgressRefused(f"{destination.host} resolves to {address}, which is {reason}")
+            # Not the address: whoever chose the name (a tenant's webhook URL, an adapter's
+            # host) would learn what an internal name resolves to. The operator's log has it.
+            logger.warning(
+                "egress refused",
+                extra={"host": destination.host, "address": str(address), "reason": reason},
+            )
+            raise EgressRefused(f"{destination.host} resolves to an address that is {reason}")
     return [(address, destination.port) for address in addresses]
 
 

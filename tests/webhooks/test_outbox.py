@@ -7,6 +7,7 @@ one attempt at a time so the state after it can be read exactly.
 from __future__ import annotations
 
 import json
+import socket
 from datetime import timedelta
 
 import pytest
@@ -291,3 +292,33 @@ def test_sweep_queues_overdue_retries_and_expired_leases_only(world, settings, e
     assert services.deliveries_sweep(now=now) == 2
     assert sorted(enqueued[-1][0]) == sorted([overdue.pk, leased.pk])
     assert fresh.pk not in enqueued[-1][0]
+
+
+@pytest.mark.spec("API-5")
+def test_a_name_resolving_inside_is_refused_without_telling_its_address(
+    world, webhook_settings, enqueued, monkeypatch
+):
+    internal = "10.20.30.40"
+
+    def resolve(host, port, *args, **kwargs):
+        assert host == "hooks.corp.example.com", host
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (internal, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    endpoint, _ = endpoint_for(world, "https://hooks.corp.example.com/in", "policy.published")
+    delivery = emit(world).deliveries.get()
+    assert delivery_attempt(delivery_id=delivery.pk) == "retry"
+    delivery.refresh_from_db()
+    # The endpoint's owner reads why, and the name; what the name resolves to inside the
+    # service's network is the operator's to know, not a tenant's to probe for.
+    assert "hooks.corp.example.com resolves to an address that is private" in delivery.last_error
+    shown = world["owner"].client().get(f"/api/v1/orgs/acme/webhooks/{endpoint.public_id}")
+    assert shown.status_code == 200, shown.content
+    deliveries = (
+        world["owner"].client().get(f"/api/v1/orgs/acme/webhooks/{endpoint.public_id}/deliveries")
+    )
+    assert deliveries.status_code == 200, deliveries.content
+    assert "private" in deliveries.content.decode()
+    for answer in (shown, deliveries):
+        assert internal not in answer.content.decode()
+    assert internal not in delivery.last_error
