@@ -331,20 +331,17 @@ class VerificationCreateSerializer(StrictSerializer):
     )
 
 
-class VerificationViewSet(ProjectScopedViewSet):
-    """Task acceptance on evidence, kept apart from the receipt's observed effects."""
+class VerificationViewSet(mixins.ListModelMixin, ProjectScopedViewSet):
+    """Task acceptance on evidence, kept apart from the receipt's observed effects. Listed
+    oldest first a page at a time (``limit``, ``cursor``), as every list is."""
 
     scope_map = {"GET": "projects:read", "POST": "projects:write"}
     queryset = Verification.objects.none()
+    serializer_class = VerificationSerializer
     parent_lookups = (("act", "action", "actions"),)
 
     def restrict(self, queryset):
         return queryset.filter(action=self.action).select_related("action")
-
-    @extend_schema(responses={200: VerificationSerializer(many=True)})
-    def list(self, request, *args, **kwargs):
-        rows = self.get_queryset().order_by("public_id")
-        return Response({"results": VerificationSerializer(rows, many=True).data})
 
     @extend_schema(request=VerificationCreateSerializer, responses={201: VerificationSerializer})
     def create(self, request, *args, **kwargs):

@@ -19,6 +19,8 @@ from policies import Mode, render_decision
 from runners.contract.registry import TOOLS
 
 READ, PUBLISH = "org:read", "policies:write"
+# How many projects an environment's policy answer names as wider than it.
+PROJECTS_EXCEEDING_MAX = 100
 
 
 def version_body(version, *, fallback_document: dict) -> dict:
@@ -57,7 +59,7 @@ class EnvironmentPolicyViewSet(OrgScopedViewSet):
     def retrieve(self, request, *args, **kwargs):
         environment = self.get_object()
         body = version_body(environment.policy_version, fallback_document={"capabilities": {}})
-        body["projects_exceeding"] = self._projects_exceeding(environment)
+        body.update(self._projects_exceeding(environment))
         return Response(body)
 
     @extend_schema(request=POLICY_DOCUMENT, responses={200: OpenApiTypes.OBJECT})
@@ -67,26 +69,34 @@ class EnvironmentPolicyViewSet(OrgScopedViewSet):
             actor=self.principal, environment=environment, document=request.data
         )
         body = version_body(version, fallback_document={})
-        body["projects_exceeding"] = self._projects_exceeding(environment)
+        body.update(self._projects_exceeding(environment))
         return Response(body)
 
-    def _projects_exceeding(self, environment) -> list[dict]:
+    def _projects_exceeding(self, environment) -> dict:
         """The projects the caller may see whose stored policy is now wider than this ceiling
-        (they are narrowed anyway: the effective policy always meets the environment)."""
+        (they are narrowed anyway: the effective policy always meets the environment), the
+        first ``PROJECTS_EXCEEDING_MAX`` by id; ``projects_exceeding_more`` says whether
+        there are others (each project's own policy page names its widenings)."""
         exceeding = []
         visible = Project.objects.visible_to(self.principal, self.organization)
-        for project in visible.filter(environment=environment).select_related(
-            "policy_version", "environment__policy_version"
-        ):
+        with_policies = (
+            visible.filter(environment=environment, policy_version__isnull=False)
+            .select_related("policy_version", "environment__policy_version")
+            .order_by("public_id")
+        )
+        for project in with_policies.iterator(chunk_size=200):
             found = selectors.project_exceeds(project)
-            if found:
-                exceeding.append(
-                    {
-                        "project": project.public_id,
-                        "widenings": [{"path": w.path, "message": w.message} for w in found],
-                    }
-                )
-        return exceeding
+            if not found:
+                continue
+            if len(exceeding) == PROJECTS_EXCEEDING_MAX:
+                return {"projects_exceeding": exceeding, "projects_exceeding_more": True}
+            exceeding.append(
+                {
+                    "project": project.public_id,
+                    "widenings": [{"path": w.path, "message": w.message} for w in found],
+                }
+            )
+        return {"projects_exceeding": exceeding, "projects_exceeding_more": False}
 
 
 class ProjectPolicyViewSet(ProjectScopedViewSet):

@@ -169,3 +169,23 @@ def test_accepting_a_task_needs_actions_approve_like_every_other_decision(world)
     )
     assert accepted.status_code == 201, accepted.content
     assert accepted.json()["verified_by"] == member.user.public_id
+
+
+def test_verifications_are_listed_a_page_at_a_time(world):
+    member = world["member"]
+    actor = Principal(PrincipalKind.TOKEN, user=member.user, token=member.token)
+    # Pages follow the ids, time-ordered to the millisecond (the same millisecond: random).
+    made = sorted(
+        verification_record(
+            actor=actor, action=world.finished_action, accepted=False, evidence=f"run {n} red"
+        ).public_id
+        for n in range(3)
+    )
+    client = member.client()
+    first = client.get(verifications_url(world), {"limit": 2})
+    assert first.status_code == 200, first.content
+    assert [v["id"] for v in first.json()["results"]] == made[:2]
+    rest = client.get(first.json()["next"])
+    assert [v["id"] for v in rest.json()["results"]] == made[2:]
+    assert rest.json()["next"] is None
+    assert client.get(verifications_url(world), {"limit": "all"}).status_code == 400

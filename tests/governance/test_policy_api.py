@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.governance import api as governance_api
 from kestrel_one.governance.models import PolicyVersion
 from runners.contract.registry import TOOLS
 
@@ -115,6 +116,24 @@ def test_environment_narrowing_narrows_projects_at_once(world):
     assert shown["exceeds_environment"] and shown["exceeds_environment"][0]["path"].startswith(
         "capabilities.fs.write"
     )
+
+
+@pytest.mark.spec("POL-3")
+def test_the_projects_an_environment_exceeds_are_named_to_a_bound(world, monkeypatch):
+    owner = world["owner"].client()
+    wide = {"capabilities": {"fs.write": {"paths": ["src/**"]}}}
+    for project in (world.project, world.other_project):
+        url = f"/api/v1/orgs/acme/projects/{project.public_id}/policy"
+        assert owner.put(url, wide, format="json").status_code == 200
+    monkeypatch.setattr(governance_api, "PROJECTS_EXCEEDING_MAX", 1)
+    narrower = {"capabilities": {"fs.read": {"paths": ["**"]}}}
+    published = owner.put(env_url(world), narrower, format="json").json()
+    first = min(world.project.public_id, world.other_project.public_id)
+    assert [e["project"] for e in published["projects_exceeding"]] == [first]
+    assert published["projects_exceeding_more"] is True
+    monkeypatch.setattr(governance_api, "PROJECTS_EXCEEDING_MAX", 2)
+    read = owner.get(env_url(world)).json()
+    assert len(read["projects_exceeding"]) == 2 and read["projects_exceeding_more"] is False
 
 
 @pytest.mark.spec("POL-4")
