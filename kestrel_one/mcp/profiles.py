@@ -10,6 +10,8 @@ trusted egress gateway yet).
 
 from __future__ import annotations
 
+import math
+
 from django.utils import timezone
 
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer
@@ -35,7 +37,7 @@ EGRESS_VOID = "void"  # authored for another image or profile: re-approve it
 
 
 def _profile(server: McpServer, risk: McpRiskAcceptance | None) -> dict:
-    return {
+    profile = {
         "server": server.public_id,
         "reference": server.reference,
         "image": server.image_id,
@@ -45,6 +47,12 @@ def _profile(server: McpServer, risk: McpRiskAcceptance | None) -> dict:
         "risk_acceptance": risk.public_id if risk is not None else None,
         "limits": dict(server.limits),
     }
+    if risk is not None:
+        # When the decision lapses, in whole Unix seconds (rounded down: the earlier side). A
+        # container started under it stops then on its own, even on a runner that misses
+        # the ``mcp.risk.end`` broadcast.
+        profile["risk_expires_at"] = math.floor(risk.expires_at.timestamp())
+    return profile
 
 
 def base_profile_sha256(server: McpServer) -> str:

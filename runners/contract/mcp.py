@@ -105,8 +105,10 @@ PROFILE_SCHEMA: dict[str, Any] = {
         },
         "workspace": {"enum": list(WORKSPACE_MOUNTS)},
         "network": {"enum": list(NETWORKS)},
-        # The risk acceptance that allows ``bridge`` (null with ``none``).
+        # The risk acceptance that allows ``bridge`` (null with ``none``), and when it lapses
+        # (Unix seconds; only with ``bridge``): the runner stops the container then.
         "risk_acceptance": {"type": ["string", "null"], "pattern": f"^rsk_{_ULID}$"},
+        "risk_expires_at": {"type": "integer", "minimum": 0, "maximum": 2**53},
         "limits": _LIMITS_SCHEMA,
     },
     "required": [
@@ -119,6 +121,10 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "risk_acceptance",
         "limits",
     ],
+    # ``risk_expires_at`` with ``bridge``, and only then.
+    "if": {"properties": {"network": {"const": "bridge"}}},
+    "then": {"required": ["risk_expires_at"]},
+    "else": {"not": {"required": ["risk_expires_at"]}},
 }
 
 # ``mcp.call``'s ``pinned`` argument: set by the control plane when it admits the call (a
@@ -179,7 +185,9 @@ def base_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
     """``profile`` without its networking (network ``none``, no risk acceptance): what an
     egress grant and a risk acceptance are bound to, so that accepting a risk does not void
     the grant it was made beside, while a new image, command, mount or limit voids both."""
-    return {**profile, "network": "none", "risk_acceptance": None}
+    base = {**profile, "network": "none", "risk_acceptance": None}
+    base.pop("risk_expires_at", None)
+    return base
 
 
 def tool_definition(listed: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,8 +19,10 @@ reaches it). One line of JSON per request, one per answer:
 Calls are served one at a time. A worker that disconnects before its answer (it was
 killed) ends the server at once: its container is removed, so the call has no effect after
 the runner's recovery reports it lost, and it is never run twice. The relay also ends, and
-removes its container and DIR, after ``idle_seconds`` without a call or when its container
-stops.
+removes its container and DIR, after ``idle_seconds`` without a call, when its container
+stops, or when the risk acceptance a bridged profile names lapses (``risk_expires_at``:
+now if idle, else after the call), which it does on its own clock, so a runner that
+missed the ``mcp.risk.end`` broadcast keeps no network past the decision.
 """
 
 from __future__ import annotations
@@ -186,6 +188,8 @@ class Relay:
 
     async def watch_idle(self) -> None:
         idle = float(self.spec["idle_seconds"])
+        # A bridged server's network lasts as long as its risk acceptance, not longer.
+        lapses_at = self.spec["profile"].get("risk_expires_at")
         next_check = time.monotonic() + CONTAINER_CHECK_SECONDS
         while True:
             await anyio.sleep(min(1.0, idle))
@@ -193,6 +197,11 @@ class Relay:
             if not self.busy and now - self.last_used >= idle:
                 self.stop()
                 return
+            if lapses_at is not None and time.time() >= lapses_at:
+                self.closing = True
+                if not self.busy:
+                    self.stop()
+                    return
             if now >= next_check:
                 next_check = now + CONTAINER_CHECK_SECONDS
                 if not await anyio.to_thread.run_sync(self._container_running):

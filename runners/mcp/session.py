@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,12 @@ def create_container(
         raise McpUnavailable(f"docker: no engine answers ({error})") from None
     network = "none"
     if profile["network"] == "bridge":
+        lapses_at = profile.get("risk_expires_at")
+        if not isinstance(lapses_at, int) or time.time() >= lapses_at:
+            raise McpStartFailed(
+                f"the risk acceptance {profile.get('risk_acceptance')} that lets this server "
+                "have a network has lapsed (or names no end): it is not started with one"
+            )
         network = ensure_open_network(client)
     elif profile["network"] != "none":
         raise McpStartFailed(f"unknown network {profile['network']!r}")

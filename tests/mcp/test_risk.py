@@ -4,6 +4,7 @@ again once it expires, is withdrawn, or the server changes. Impossible for manag
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -17,7 +18,8 @@ from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.keys import control_private_key
 from kestrel_one.mcp.discovery import mcp_sweep
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer
-from kestrel_one.mcp.profiles import server_profile
+from kestrel_one.mcp.profiles import base_profile_sha256, server_profile
+from runners.contract.mcp import base_profile, profile_digest
 from runners.contract.names import control_exchange
 from runners.contract.tokens import public_key_pem, verify_control_message
 from tests.mcp.api_support import ECHO, URL, discovered, installed
@@ -159,6 +161,11 @@ def test_an_acceptance_bridges_the_server_until_it_expires(world, ready):
     server = McpServer.objects.get(public_id=ready["id"])
     assert server_profile(server)["network"] == "bridge"
     assert server_profile(server)["risk_acceptance"] == acceptance["id"]
+    # The runner is told when it lapses, so it stops the server then whatever it hears.
+    lapses = McpRiskAcceptance.objects.get(public_id=acceptance["id"]).expires_at
+    assert server_profile(server)["risk_expires_at"] == math.floor(lapses.timestamp())
+    # ...and what egress grants bind to (the profile without its networking) is unchanged.
+    assert profile_digest(base_profile(server_profile(server))) == base_profile_sha256(server)
     record = AuditRecord.objects.get(action="mcp.risk.accept", target_id=acceptance["id"])
     assert record.data["justification"] == "Needs its vendor's API."
     assert record.data["server"] == ready["id"] and record.data["image_id"] == ready["image_id"]

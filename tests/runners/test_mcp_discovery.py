@@ -78,6 +78,13 @@ def test_a_signed_request_verifies_with_exactly_its_claims() -> None:
         CONTROL_KEY,
     )
     assert verify_request(managed).profile["image"] is None
+    bridged = profile(
+        network="bridge",
+        risk_acceptance="rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        risk_expires_at=2_000_000_000,
+    )
+    under_risk = sign_discovery_request(request_claims(profile=bridged), CONTROL_KEY)
+    assert verify_request(under_risk).profile == bridged
 
 
 def _refusal(token: str, **kwargs: Any) -> str:
@@ -103,6 +110,25 @@ def _refusal(token: str, **kwargs: Any) -> str:
         ({"profile": dict(profile(), limits=dict(DEFAULT_LIMITS, pids=True))}, "malformed"),
         ({"profile": dict(profile(), server=SERVER + "\n")}, "malformed"),
         ({"profile": profile(network="bridge")}, "malformed"),  # no risk acceptance
+        (  # bridged without saying when the risk acceptance lapses
+            {
+                "profile": profile(
+                    network="bridge", risk_acceptance="rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+                )
+            },
+            "malformed",
+        ),
+        ({"profile": profile(risk_expires_at=2_000_000_000)}, "malformed"),  # a lapse, no risk
+        (
+            {
+                "profile": profile(
+                    network="bridge",
+                    risk_acceptance="rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                    risk_expires_at="2033-05-18T03:33:20Z",
+                )
+            },
+            "malformed",
+        ),
         (
             {
                 "managed": "time",

@@ -8,6 +8,7 @@ Each test uses its own project, so its containers are told from other suites'; t
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -62,6 +63,7 @@ from tests.runners.test_protocol import CONTROL_KEY, CONTROL_PUBLIC, POOL, comma
 pytestmark = [pytest.mark.docker]
 
 SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+RISK = "rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
 
 @pytest.fixture
@@ -88,6 +90,17 @@ def make_profile(image: str, **overrides: Any) -> dict[str, Any]:
         "limits": dict(DEFAULT_LIMITS),
         **overrides,
     }
+
+
+def bridged_profile(image: str, risk: str, *, lapses_in: float = 3600) -> dict[str, Any]:
+    """A custom server's profile under risk acceptance ``risk``, which lapses in
+    ``lapses_in`` seconds (as the control plane signs it: Unix seconds)."""
+    return make_profile(
+        image,
+        network="bridge",
+        risk_acceptance=risk,
+        risk_expires_at=math.ceil(time.time() + lapses_in),
+    )
 
 
 def listed(profile: dict[str, Any], workspace: Path) -> dict[str, dict[str, Any]]:
@@ -521,9 +534,7 @@ def test_a_bridged_server_gets_the_open_network_with_the_host_blocked(
     project: str,
     project_workspace: Path,
 ) -> None:
-    profile = make_profile(
-        server_image, network="bridge", risk_acceptance="rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV"
-    )
+    profile = bridged_profile(server_image, "rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV")
     tools = listed(make_profile(server_image), project_workspace)
     answer = call(
         servers,
@@ -664,9 +675,7 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
     a server without it is left alone."""
     risk = "rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV"
     tools = listed(make_profile(server_image), project_workspace)
-    bridged = pin(
-        make_profile(server_image, network="bridge", risk_acceptance=risk), tools["interfaces"]
-    )
+    bridged = pin(bridged_profile(server_image, risk), tools["interfaces"])
     plain = pin(make_profile(server_image), tools["interfaces"])
     for pinned, thread in ((bridged, "thr_bridged"), (plain, "thr_plain")):
         call(
@@ -711,6 +720,51 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
     assert len(_server_containers(engine, project)) == 2
 
     assert runner.handle_control(risk_end(risk)) is Disposition.APPLIED
+    deadline = time.monotonic() + 60
+    while len(_server_containers(engine, project)) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (left,) = _server_containers(engine, project)
+    assert engine.api.inspect_container(left.id)["HostConfig"]["NetworkMode"] == "none"
+
+
+@pytest.mark.spec("MCP-4")
+def test_a_bridged_server_stops_when_its_risk_acceptance_lapses_without_being_told(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+) -> None:
+    """The profile says when the acceptance lapses; the relay stops its server then on its
+    own, so a runner that missed the ``mcp.risk.end`` broadcast (down, reconnecting) keeps no
+    network past the decision. Nothing is started under one that has lapsed already."""
+    tools = listed(make_profile(server_image), project_workspace)
+    lapsed = pin(bridged_profile(server_image, RISK, lapses_in=-1), tools["interfaces"])
+    with pytest.raises(McpStartFailed, match="has lapsed"):
+        call(
+            servers,
+            lapsed,
+            "interfaces",
+            {},
+            project=project,
+            thread="thr_lapsed",
+            workspace=project_workspace,
+        )
+    assert _server_containers(engine, project) == []
+
+    soon = pin(bridged_profile(server_image, RISK, lapses_in=4), tools["interfaces"])
+    plain = pin(make_profile(server_image), tools["interfaces"])
+    for pinned, thread in ((soon, "thr_soon"), (plain, "thr_plain")):
+        call(
+            servers,
+            pinned,
+            "interfaces",
+            {},
+            project=project,
+            thread=thread,
+            workspace=project_workspace,
+        )
+    # Both warm (the idle timeout is 120 s); only the bridged one has a lapse to reach.
     deadline = time.monotonic() + 60
     while len(_server_containers(engine, project)) > 1 and time.monotonic() < deadline:
         time.sleep(0.2)
