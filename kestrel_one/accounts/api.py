@@ -26,6 +26,10 @@ class TokenSerializer(serializers.ModelSerializer):
     parent = serializers.SerializerMethodField(
         help_text="The token that made this one; null when made from the console or server."
     )
+    made_by = serializers.SerializerMethodField(
+        help_text="Who made it: their email and whether they are still a member here (an "
+        "integration token outlives its maker's membership); null when made on the server."
+    )
 
     class Meta:
         model = ApiToken
@@ -39,6 +43,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "projects",
             "checks",
             "parent",
+            "made_by",
             "lineage",
             "created_at",
             "expires_at",
@@ -58,6 +63,16 @@ class TokenSerializer(serializers.ModelSerializer):
 
     def get_parent(self, token) -> str | None:
         return token.parent.public_id if token.parent_id else None
+
+    def get_made_by(self, token) -> dict | None:
+        if token.created_by_id is None:
+            return None
+        member = getattr(token, "made_by_member", None)  # annotated by tokens_visible_to
+        if member is None:
+            member = token.created_by.memberships.filter(
+                organization_id=token.organization_id
+            ).exists()
+        return {"email": token.created_by.email, "member": member}
 
 
 class TokenCreatedSerializer(TokenSerializer):

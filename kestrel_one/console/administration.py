@@ -22,7 +22,11 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from kestrel_one.accounts.scopes import PERSON_ONLY_SCOPES, SCOPES, Role
-from kestrel_one.accounts.selectors import tokens_visible_to
+from kestrel_one.accounts.selectors import (
+    MADE_BY_LISTED,
+    integration_tokens_made_by,
+    tokens_visible_to,
+)
 from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.accounts.sign_in_links import sign_in_link_allowed
 from kestrel_one.artifacts.api import MAX_RETENTION_DAYS
@@ -337,6 +341,7 @@ class MemberView(MembersView):
         return _back(self.request.path, changed="saved")
 
     def member_page(self, form, *, status: int = 200, error: str = "", **extra: Any):
+        made = integration_tokens_made_by(user=self.membership.user, organization=self.organization)
         context = {
             **extra,
             "member": self.membership,
@@ -347,6 +352,9 @@ class MemberView(MembersView):
             "is_self": self.membership.user_id == self.principal.user.pk,
             # No password, no other organization: a one-time link is their way in.
             "no_way_in": sign_in_link_allowed(self.membership.user, self.organization),
+            # They outlive the membership; whoever removes it should know of them.
+            "integration_tokens_made": made,
+            "integration_tokens_capped": len(made) == MADE_BY_LISTED,
         }
         return self.page(TEMPLATES + "member.html", context, status=status)
 

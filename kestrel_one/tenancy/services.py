@@ -13,6 +13,7 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.scopes import ROLE_RANK, Role, outranks, role_scopes
+from kestrel_one.accounts.selectors import integration_tokens_made_by
 from kestrel_one.accounts.services import user_get_or_create
 from kestrel_one.accounts.sign_in_links import (
     sign_in_link_allowed,
@@ -373,14 +374,22 @@ def membership_remove(*, actor: Principal, membership: Membership) -> None:
     if membership.role == Role.OWNER and _owners_left_after(membership) == 0:
         raise Conflict("An organization must keep at least one owner.")
     _set_project_grants(membership, [])
-    # A removed person's tokens in this organization stop working with the membership.
+    # A removed person's tokens in this organization stop working with the membership. The
+    # integration tokens they made belong to the organization and keep working: the record
+    # names them, since the person saw each secret once (not under a key with "token" in its
+    # name, which the audit log's redaction masks).
     membership.user.tokens.filter(organization=organization).delete()
+    made = integration_tokens_made_by(user=membership.user, organization=organization)
     audit_record(
         organization=organization,
         actor=actor,
         action="membership.remove",
         target=membership,
-        data={"user": membership.user.public_id, "role": membership.role},
+        data={
+            "user": membership.user.public_id,
+            "role": membership.role,
+            "integrations_made": [token.public_id for token in made],
+        },
     )
     membership.delete()
 
