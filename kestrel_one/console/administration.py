@@ -341,7 +341,12 @@ class MemberView(MembersView):
         return _back(self.request.path, changed="saved")
 
     def member_page(self, form, *, status: int = 200, error: str = "", **extra: Any):
-        made = integration_tokens_made_by(user=self.membership.user, organization=self.organization)
+        # Named only to whoever may see every token (tokens:admin), as on the tokens page.
+        made = (
+            integration_tokens_made_by(user=self.membership.user, organization=self.organization)
+            if self.can("tokens:admin")
+            else []
+        )
         context = {
             **extra,
             "member": self.membership,

@@ -9,7 +9,9 @@ import html
 
 import pytest
 
+from kestrel_one.accounts.scopes import Role
 from kestrel_one.audit.models import AuditRecord
+from tests.conftest import make_person
 from tests.console.test_administration import signed_in
 from tests.tenancy.test_grant_rights import bearer
 
@@ -42,6 +44,15 @@ def test_the_tokens_a_removed_member_made_are_named_where_they_can_be_ended(worl
     text = html.unescape(page.content.decode())
     assert "made 1 integration token still in force here" in text
     assert bot_id in text and "deploy bot" in text and revoked.json()["id"] not in text
+
+    # Named only to whoever sees every token (tokens:admin), as the tokens page is: not to
+    # an admin limited to some projects, who still manages members (members:write).
+    limited = make_person(
+        world.org, Role.ADMIN, name="hangar-admin", projects=[world.other_project]
+    )
+    seen = signed_in(limited.user).get(f"/console/acme/members/{admin.membership.public_id}")
+    assert seen.status_code == 200 and "remove-heading" in seen.content.decode()
+    assert bot_id not in seen.content.decode()
 
     removed = world["owner"].client().delete(f"{ORG}/members/{admin.membership.public_id}")
     assert removed.status_code == 204, removed.content
