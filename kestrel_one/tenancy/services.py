@@ -472,6 +472,15 @@ def project_create(
         # Callers resolve the environment through the organization; this is the last guard.
         missing = f"no environment {environment.public_id} in this organization"
         raise ValidationFailed(missing, details={"environment": [missing]})
+    limit = Project.objects.limit_of(actor, organization)
+    if limit is not None and not limit.filter(environment=environment).exists():
+        # A project reaches its environment's ceiling, credentials and MCP servers: someone
+        # limited to some projects must not reach another environment's by making one there.
+        raise PermissionDenied(
+            "You are limited to some projects, so you make projects only in the environments "
+            f"of those: {environment.public_id} is not one of them.",
+            details={"environment": ["not an environment of your projects"]},
+        )
     _require_name_free(Project, organization, name)
     project = Project.objects.create(
         organization=organization, environment=environment, name=name, description=description

@@ -211,3 +211,36 @@ def test_without_a_membership_or_an_explicit_project_set_nothing_is_visible(worl
     assert not Project.objects.visible_to(foreign, world.org)
     # An operator's command on the server sees every project.
     assert Project.objects.visible_to(system_principal("tests"), world.org).count() == 2
+
+
+def test_a_limited_admin_makes_projects_only_in_the_environments_of_its_own(world):
+    client = limit_admin_to_hangar(world).client()
+    # Hangar is in production; a project in another environment would reach that one's
+    # ceiling, credentials and MCP servers.
+    elsewhere = client.post(
+        "/api/v1/orgs/acme/projects",
+        {"name": "side door", "environment": world.empty_environment.public_id},
+        format="json",
+    )
+    assert elsewhere.status_code == 403, elsewhere.content
+    assert elsewhere.json()["error"]["details"] == {
+        "environment": ["not an environment of your projects"]
+    }
+    assert not Project.objects.filter(name="side door").exists()
+    beside = client.post(
+        "/api/v1/orgs/acme/projects",
+        {"name": "annex", "environment": world.environment.public_id},
+        format="json",
+    )
+    assert beside.status_code == 201, beside.content
+    # Whoever sees every project makes one anywhere.
+    anywhere = (
+        world["owner"]
+        .client()
+        .post(
+            "/api/v1/orgs/acme/projects",
+            {"name": "side door", "environment": world.empty_environment.public_id},
+            format="json",
+        )
+    )
+    assert anywhere.status_code == 201, anywhere.content
