@@ -103,6 +103,35 @@ def bridged_profile(image: str, risk: str, *, lapses_in: float = 3600) -> dict[s
     )
 
 
+def warm_servers_of(
+    servers: DockerMcpServers,
+    pinned_by_thread: dict[str, dict[str, Any]],
+    *,
+    project: str,
+    workspace: Path,
+) -> None:
+    """A warm server for each thread, started by one call of its ``interfaces`` tool."""
+    for thread, pinned in pinned_by_thread.items():
+        call(
+            servers,
+            pinned,
+            "interfaces",
+            {},
+            project=project,
+            thread=thread,
+            workspace=workspace,
+        )
+
+
+def only_the_unbridged_server_stays(engine: Any, project: str) -> None:
+    """Wait (a minute at most) until one of the project's servers is left; it has no network."""
+    deadline = time.monotonic() + 60
+    while len(_server_containers(engine, project)) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (left,) = _server_containers(engine, project)
+    assert engine.api.inspect_container(left.id)["HostConfig"]["NetworkMode"] == "none"
+
+
 def listed(profile: dict[str, Any], workspace: Path) -> dict[str, dict[str, Any]]:
     """The tools as a fresh server lists them: what an install would record."""
     client = docker.from_env()
@@ -673,20 +702,16 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
     its container lives. When the acceptance ends, the control plane's signed
     ``mcp.risk.end`` makes the runner stop exactly those servers, idle or not yet timed out;
     a server without it is left alone."""
-    risk = "rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV"
     tools = listed(make_profile(server_image), project_workspace)
-    bridged = pin(bridged_profile(server_image, risk), tools["interfaces"])
-    plain = pin(make_profile(server_image), tools["interfaces"])
-    for pinned, thread in ((bridged, "thr_bridged"), (plain, "thr_plain")):
-        call(
-            servers,
-            pinned,
-            "interfaces",
-            {},
-            project=project,
-            thread=thread,
-            workspace=project_workspace,
-        )
+    warm_servers_of(
+        servers,
+        {
+            "thr_bridged": pin(bridged_profile(server_image, RISK), tools["interfaces"]),
+            "thr_plain": pin(make_profile(server_image), tools["interfaces"]),
+        },
+        project=project,
+        workspace=project_workspace,
+    )
     assert len(_server_containers(engine, project)) == 2
     runner = runner_of(
         servers,
@@ -711,7 +736,7 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
         return sign_control_message(claims, key)
 
     # Forged, or about another acceptance: nothing stops.
-    assert runner.handle_control(risk_end(risk, generate_private_key_pem())) is (
+    assert runner.handle_control(risk_end(RISK, generate_private_key_pem())) is (
         Disposition.REFUSED
     )
     assert runner.handle_control(risk_end("rsk_01ARZ3NDEKTSV4RRFFQ69G5FAW")) is (
@@ -719,12 +744,8 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
     )
     assert len(_server_containers(engine, project)) == 2
 
-    assert runner.handle_control(risk_end(risk)) is Disposition.APPLIED
-    deadline = time.monotonic() + 60
-    while len(_server_containers(engine, project)) > 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    (left,) = _server_containers(engine, project)
-    assert engine.api.inspect_container(left.id)["HostConfig"]["NetworkMode"] == "none"
+    assert runner.handle_control(risk_end(RISK)) is Disposition.APPLIED
+    only_the_unbridged_server_stays(engine, project)
 
 
 @pytest.mark.spec("MCP-4")
@@ -752,24 +773,17 @@ def test_a_bridged_server_stops_when_its_risk_acceptance_lapses_without_being_to
         )
     assert _server_containers(engine, project) == []
 
-    soon = pin(bridged_profile(server_image, RISK, lapses_in=4), tools["interfaces"])
-    plain = pin(make_profile(server_image), tools["interfaces"])
-    for pinned, thread in ((soon, "thr_soon"), (plain, "thr_plain")):
-        call(
-            servers,
-            pinned,
-            "interfaces",
-            {},
-            project=project,
-            thread=thread,
-            workspace=project_workspace,
-        )
+    warm_servers_of(
+        servers,
+        {
+            "thr_soon": pin(bridged_profile(server_image, RISK, lapses_in=4), tools["interfaces"]),
+            "thr_plain": pin(make_profile(server_image), tools["interfaces"]),
+        },
+        project=project,
+        workspace=project_workspace,
+    )
     # Both warm (the idle timeout is 120 s); only the bridged one has a lapse to reach.
-    deadline = time.monotonic() + 60
-    while len(_server_containers(engine, project)) > 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    (left,) = _server_containers(engine, project)
-    assert engine.api.inspect_container(left.id)["HostConfig"]["NetworkMode"] == "none"
+    only_the_unbridged_server_stays(engine, project)
 
 
 @pytest.mark.spec("MCP-1")
