@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kestrel_one.accounts.scopes import (
+    BEYOND_SOME_PROJECTS,
     LOCAL_AGENT_SCOPES,
     ORGANIZATION_SCOPES,
     ROLE_SCOPES,
     SCOPES,
     Role,
+    within_reach,
 )
 
 
@@ -135,7 +137,7 @@ class Principal:
             held = ROLE_SCOPES[Role(membership.role)]
             if token_scopes is not None:
                 held &= token_scopes
-        return held - ORGANIZATION_SCOPES if self.limited_in(organization) else held
+        return within_reach(held, every_project=not self.limited_in(organization))
 
     def limited_in(self, organization) -> bool:
         """Whether this principal sees only some of the organization's projects: a member
@@ -172,10 +174,7 @@ def missing_scope_message(principal: Principal, scope: str, organization) -> str
             "holds. Sign in to the console, or use your own API token."
         )
     if scope in ORGANIZATION_SCOPES and principal.limited_in(organization):
-        return (
-            f"This needs the '{scope}' scope, which acts on the whole organization: nobody "
-            "limited to some of its projects holds it, whatever their role or token says."
-        )
+        return f"This needs the '{scope}' scope, which {BEYOND_SOME_PROJECTS}."
     return (
         f"This needs the '{scope}' scope, which your role or token does not hold in this "
         "organization."

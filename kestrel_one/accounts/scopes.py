@@ -87,11 +87,23 @@ ROLE_SCOPES: dict[Role, frozenset[str]] = {
 }
 
 
-def role_scopes(role: Role, *, every_project: bool) -> frozenset[str]:
-    """What a member with ``role`` holds: all of the role's scopes if they see every project,
-    else those that stay within projects (without ``ORGANIZATION_SCOPES``)."""
-    held = ROLE_SCOPES[role]
+# Why whoever sees only some projects lacks one of ``ORGANIZATION_SCOPES``: every refusal that
+# says so says it in these words, after the scope's name.
+BEYOND_SOME_PROJECTS = (
+    "acts on the whole organization: nobody limited to some of its projects holds it, "
+    "whatever their role or token says"
+)
+
+
+def within_reach(held: frozenset[str], *, every_project: bool) -> frozenset[str]:
+    """``held`` as far as its holder may use it: all of it if they see every project, else
+    what stays within projects (without ``ORGANIZATION_SCOPES``)."""
     return held if every_project else held - ORGANIZATION_SCOPES
+
+
+def role_scopes(role: Role, *, every_project: bool) -> frozenset[str]:
+    """What a member with ``role`` holds, seeing every project or only some."""
+    return within_reach(ROLE_SCOPES[role], every_project=every_project)
 
 
 # Single-host mode: what a loopback caller without a person's token (the local agent) may do.

@@ -17,6 +17,7 @@ from kestrel_one.accounts import tokens
 from kestrel_one.accounts.models import ApiToken, User
 from kestrel_one.accounts.principal import Principal, PrincipalKind, missing_scope_message
 from kestrel_one.accounts.scopes import (
+    BEYOND_SOME_PROJECTS,
     ORGANIZATION_SCOPES,
     PERSON_ONLY_SCOPES,
     Role,
@@ -84,10 +85,7 @@ def token_create(
     if exceeding:
         why = ""
         if set(exceeding) <= ORGANIZATION_SCOPES and actor.limited_in(organization):
-            why = (
-                " They act on the whole organization, which nobody limited to some of its "
-                "projects holds."
-            )
+            why = f" Each {BEYOND_SOME_PROJECTS}."
         raise PermissionDenied(
             f"You cannot grant scope(s) you do not hold: {', '.join(exceeding)}.{why}"
         )

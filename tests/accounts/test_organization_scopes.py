@@ -169,4 +169,4 @@ def test_a_token_limited_to_some_projects_is_refused_an_organization_scope(world
         f"{ORG}/tokens", {"name": "mine", "scopes": ["webhooks:write"]}, format="json"
     )
     assert own.status_code == 403, own.content
-    assert "act on the whole organization" in own.json()["error"]["message"]
+    assert "Each acts on the whole organization" in own.json()["error"]["message"]
