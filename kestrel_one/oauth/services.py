@@ -33,6 +33,8 @@ from kestrel_one.tenancy.models import Project
 OAUTH_SCOPES = ("projects:read", "projects:write")
 # Where a client may be sent back to.
 REDIRECT_SCHEMES = ["https", "http"]
+# What S256 makes of any verifier: 32 bytes, base64url without padding (RFC 7636 4.2).
+S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
 # A host name or an IP address, as a CSP source may name one (nothing that ends a directive).
 _CSP_HOST = re.compile(r"[a-z0-9.-]+|[0-9a-f:.]+")
 

@@ -19,7 +19,9 @@ class KestrelOAuth2Validator(OAuth2Validator):
     # --- the authorization code --------------------------------------------------------------
     def save_authorization_code(self, client_id, code, request, *args, **kwargs):
         # The consent page refuses anything else first; this is the last word.
-        if request.code_challenge_method != "S256" or not request.code_challenge:
+        if request.code_challenge_method != "S256" or not services.S256_CHALLENGE.fullmatch(
+            request.code_challenge or ""
+        ):
             raise errors.InvalidRequestError(
                 description="PKCE with code_challenge_method=S256 is required.", request=request
             )

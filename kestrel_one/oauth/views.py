@@ -20,7 +20,7 @@ from kestrel_one.accounts.scopes import SCOPES
 from kestrel_one.common.addresses import mcp_endpoint_url, public_origin
 from kestrel_one.oauth import registration, services
 from kestrel_one.oauth.resources import resource_project
-from kestrel_one.oauth.services import REDIRECT_SCHEMES
+from kestrel_one.oauth.services import REDIRECT_SCHEMES, S256_CHALLENGE
 
 AUTHORIZE_PATH = "/console/oauth/authorize"
 
@@ -178,6 +178,15 @@ class AuthorizeView(OAuthLibMixin, View):
                 redirect_uri,
                 error="invalid_request",
                 description="PKCE with code_challenge_method=S256 is required.",
+                state=state,
+            )
+        if not S256_CHALLENGE.fullmatch(credentials.get("code_challenge") or ""):
+            return _redirect_to_client(
+                request,
+                redirect_uri,
+                error="invalid_request",
+                description="code_challenge must be the unpadded base64url SHA-256 of the "
+                "verifier: 43 characters of A-Z, a-z, 0-9, '-' and '_' (RFC 7636 section 4.2).",
                 state=state,
             )
         resources = request.GET.getlist("resource")

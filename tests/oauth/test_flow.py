@@ -229,6 +229,18 @@ def test_plain_or_missing_pkce_method_is_refused(live_server, world, method):
     assert params["error"] == "invalid_request" and "S256" in params["error_description"]
 
 
+@pytest.mark.parametrize("challenge", ["x" * 200, "short", "a" * 42 + "="])
+def test_a_challenge_that_is_no_s256_digest_is_refused(live_server, world, challenge):
+    client = http(live_server.url)
+    client_id = register(client)
+    pkce = Pkce(verifier="unused", challenge=challenge)
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), pkce)
+    answer = browser(live_server.url, world["member"].user).get(path)
+    params = redirect_params(answer)
+    assert params["error"] == "invalid_request" and "43 characters" in params["error_description"]
+    assert not AuthorizationCode.objects.exists()
+
+
 def test_no_pkce_at_all_is_refused(live_server, world):
     client = http(live_server.url)
     client_id = register(client)
