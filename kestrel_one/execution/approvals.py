@@ -14,6 +14,12 @@ from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import CheckNotBound, Conflict, PermissionDenied, ValidationFailed
 from kestrel_one.execution.arguments import action_arguments, call_args_digest
 from kestrel_one.execution.models import Action, ActionState, Approval, Verification
+from kestrel_one.execution.requesters import (
+    REQUESTER_INACTIVE,
+    REQUESTER_INACTIVE_MESSAGE,
+    RequesterInactive,
+    requester_now,
+)
 from kestrel_one.execution.services import (
     APPROVAL_EXPIRED,
     action_digest,
@@ -102,7 +108,8 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
     """Record a person's approval or denial of exactly this action.
 
     An action that waited past the approval window is ended as expired first, in its own
-    transaction, so the refusal that follows does not roll the expiry back.
+    transaction, so the refusal that follows does not roll the expiry back; likewise one whose
+    requester can no longer act is cancelled rather than approved (``execution.requesters``).
     """
     window = timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
     if (
@@ -118,15 +125,17 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
         raise Conflict("This action waited too long for approval and expired; request it again.")
     approval = _decide(actor=actor, action=action, approve=approve, reason=reason)
     if approval is None:
-        error = Action.objects.values_list("error", flat=True).get(pk=action.pk)
-        raise Conflict(error["message"], details={"state": ActionState.DENIED})
+        state, error = Action.objects.values_list("state", "error").get(pk=action.pk)
+        refusal = RequesterInactive if error["code"] == REQUESTER_INACTIVE else Conflict
+        raise refusal(error["message"], details={"state": state})
     return approval
 
 
 @transaction.atomic
 def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | None:
-    """The decision, or None when a policy published since the request now denies the action
-    (which is then recorded as denied)."""
+    """The decision, or None when the action ended instead, recorded with its error: a policy
+    published since the request now denies it, or (for an approval) its requester can no
+    longer act, so it is cancelled."""
     # Before the action's row, in the order a publish takes them (policy_versions_lock).
     policy_versions_lock(action.project)
     action = (
@@ -149,6 +158,16 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | 
         # An approval would dispatch a new call into a thread that has ended; a denial
         # only settles the action, so it stays possible.
         thread_require_open(thread=action.thread)
+        if requester_now(action) is None:
+            end_action(
+                action,
+                ActionState.AWAITING_APPROVAL,
+                ActionState.CANCELLED,
+                REQUESTER_INACTIVE,
+                REQUESTER_INACTIVE_MESSAGE,
+                actor=actor,
+            )
+            return None
         _digest_intact(action)
         if not _policy_unchanged(action):
             return None

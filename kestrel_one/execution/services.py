@@ -46,6 +46,11 @@ from kestrel_one.execution.models import (
     Receipt,
     Runner,
 )
+from kestrel_one.execution.requesters import (
+    REQUESTER_INACTIVE,
+    REQUESTER_INACTIVE_MESSAGE,
+    requester_now,
+)
 from kestrel_one.execution.signals import action_ended_notify
 from kestrel_one.governance.judging import (
     call_dispatch_check,
@@ -366,8 +371,10 @@ def action_dispatch(*, action_id: int) -> bool:
 def _queued_redecided(**match) -> Action | None:
     """The queued action ``match`` names, locked, and decided again first if the policy
     versions changed since its decision; None when it is not queued, or no longer is once
-    decided again. Call inside a transaction: the policy locks are held until it ends, so no
-    narrowing is published between this decision and what the caller sends under it."""
+    decided again, or its requester can no longer act (it is then cancelled:
+    ``execution.requesters``). Call inside a transaction: the policy locks are held until it
+    ends, so no narrowing is published between this decision and what the caller sends under
+    it."""
     project_id = Action.objects.filter(**match).values_list("project_id", flat=True).first()
     if project_id is None:
         return None
@@ -379,6 +386,16 @@ def _queued_redecided(**match) -> Action | None:
         .first()
     )
     if action is None:
+        return None
+    if requester_now(action) is None:
+        end_action(
+            action,
+            ActionState.QUEUED,
+            ActionState.CANCELLED,
+            REQUESTER_INACTIVE,
+            REQUESTER_INACTIVE_MESSAGE,
+            actor=system_principal("dispatch"),
+        )
         return None
     decision = action_redecision(action)
     if decision is not None:

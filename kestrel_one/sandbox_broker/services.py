@@ -18,17 +18,14 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.utils import timezone
 
-from kestrel_one.accounts.backends import local_owner
-from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import (
     Principal,
-    PrincipalKind,
     runner_principal,
-    system_principal,
 )
 from kestrel_one.audit.services import audit_record, audit_refusal_record
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.execution.models import Action, ActionState, Runner
+from kestrel_one.execution.requesters import REQUESTER_INACTIVE, requester_now
 from kestrel_one.execution.services import action_request
 from kestrel_one.governance.selectors import policy_versions_lock
 from kestrel_one.sandbox_broker.models import BrokeredRequest
@@ -192,28 +189,12 @@ def _accept(*, runner: Runner, request: AdapterRequest) -> BrokeredRequest:
 def _requester(parent: Action) -> Principal:
     """Who the child is requested as: the parent's own requester, as it stands now (a token
     revoked or expired since, or a person no longer active, requests nothing more)."""
-    if parent.requested_by_token_id is not None:
-        token = (
-            ApiToken.objects.active()
-            .select_related("user")
-            .filter(pk=parent.requested_by_token_id)
-            .first()
+    actor = requester_now(parent)
+    if actor is None:
+        raise BrokeredRequestRefused(
+            REQUESTER_INACTIVE, "whoever requested this call can no longer act", answer=True
         )
-        if token is None or (token.user is not None and not token.user.is_active):
-            message = "the token that requested this call can no longer act"
-            raise BrokeredRequestRefused("requester_inactive", message, answer=True)
-        return Principal(PrincipalKind.TOKEN, user=token.user, token=token)
-    if parent.requested_by.startswith("system:"):
-        return system_principal(parent.requested_by.removeprefix("system:"))
-    if parent.requested_by == "local-agent":
-        owner = local_owner()
-        if owner is not None:
-            return Principal(PrincipalKind.LOCAL_AGENT, acting_for=owner)
-    elif parent.requested_by_user is not None and parent.requested_by_user.is_active:
-        return Principal(PrincipalKind.SESSION, user=parent.requested_by_user)
-    raise BrokeredRequestRefused(
-        "requester_inactive", "whoever requested this call can no longer act", answer=True
-    )
+    return actor
 
 
 def _refused(
