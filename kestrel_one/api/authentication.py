@@ -7,7 +7,9 @@ verify gets 401 and never falls back to the anonymous loopback rule.
 The anonymous loopback rule itself is ambient authority, as a cookie is: a web page of any
 site open in a browser on the same machine can send requests to 127.0.0.1 (a form, or a
 ``fetch`` with no body, needs no preflight). So a loopback request that a browser marks as
-sent from another origin (``Sec-Fetch-Site``, ``Origin``) is never the local agent.
+sent from another origin (``Sec-Fetch-Site``, ``Origin``) is never the local agent, nor is
+one a reverse proxy on the same machine relayed (``Forwarded``, ``X-Forwarded-For``): its
+address is loopback, its client is anyone.
 """
 
 from __future__ import annotations
@@ -62,6 +64,23 @@ def is_loopback(address: str | None) -> bool:
     return ip.is_loopback
 
 
+# Headers a reverse proxy adds for the client it relays (RFC 7239 and the common ones).
+PROXY_HEADERS = {
+    "HTTP_FORWARDED": "Forwarded",
+    "HTTP_X_FORWARDED_FOR": "X-Forwarded-For",
+    "HTTP_X_REAL_IP": "X-Real-IP",
+}
+
+
+def proxied_for(request) -> str | None:
+    """The header showing that a proxy on this machine relayed ``request`` for another client,
+    or None. A local process calls directly and sends none of them."""
+    for meta, header in PROXY_HEADERS.items():
+        if meta in request.META:
+            return header
+    return None
+
+
 def cross_origin_sender(request) -> str | None:
     """What shows that a browser sent ``request`` from a page of another origin, or None.
 
@@ -103,6 +122,14 @@ class KestrelTokenAuthentication(BaseAuthentication):
                         f"A web page of another origin ({sent_by}) sent this request, so it "
                         "is not the local agent: a local process calls without a browser, "
                         "and anything else sends a token (Authorization: Bearer)."
+                    )
+                relayed = proxied_for(request)
+                if relayed is not None:
+                    raise exceptions.AuthenticationFailed(
+                        f"A proxy relayed this request for another client ({relayed}), so it "
+                        "is not the local agent: only a process on this machine calling it "
+                        "directly is. Send a token (Authorization: Bearer), or set "
+                        "KESTREL_SERVER_TOKEN when the server is reachable through a proxy."
                     )
                 return None, local_agent(anonymous=True)
         return None

@@ -189,6 +189,31 @@ def test_the_local_agent_cannot_accept_a_task_as_a_person(world, single_host):
 
 
 @pytest.mark.parametrize(
+    "proxy_headers",
+    [
+        {"HTTP_X_FORWARDED_FOR": "203.0.113.7"},
+        {"HTTP_FORWARDED": "for=203.0.113.7;proto=https"},
+        {"HTTP_X_REAL_IP": "203.0.113.7"},
+    ],
+)
+def test_a_request_a_local_proxy_relayed_is_never_the_local_agent(
+    world, single_host, proxy_headers
+):
+    """Behind a reverse proxy on the same host every client's address is loopback; the
+    headers the proxy adds show it relayed someone else, who gets 401 before anything runs."""
+    end = (
+        f"/api/v1/orgs/acme/projects/{world.project.public_id}/threads/{world.thread.public_id}/end"
+    )
+    relayed = APIClient(REMOTE_ADDR="127.0.0.1", **proxy_headers)
+    refused = relayed.post(end)
+    assert refused.status_code == 401, refused.content
+    assert "proxy relayed" in refused.json()["error"]["message"]
+    assert Thread.objects.get(pk=world.thread.pk).status == "open"
+    assert relayed.get("/api/v1/orgs/acme").status_code == 401
+    assert APIClient(REMOTE_ADDR="127.0.0.1").get("/api/v1/orgs/acme").status_code == 200
+
+
+@pytest.mark.parametrize(
     "browser_headers",
     [
         {"HTTP_SEC_FETCH_SITE": "cross-site", "HTTP_ORIGIN": "https://evil.example"},
