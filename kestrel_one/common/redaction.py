@@ -325,6 +325,28 @@ def redact_arguments(args: Any) -> Any:
     return shown
 
 
+def hidden_paths(shown: Any, *, _at: str = "") -> list[str]:
+    """Where redaction hid a value in ``shown`` (what ``redact_arguments`` made of a call's
+    arguments): the path of each string holding ``MASK`` or a write-only fingerprint, such as
+    ``argv[2]`` or ``env.API_KEY``. A person approving the call sees these only masked, while
+    the call runs with the real values."""
+    if isinstance(shown, dict):
+        return [
+            path
+            for key, item in shown.items()
+            for path in hidden_paths(item, _at=f"{_at}.{key}" if _at else str(key))
+        ]
+    if isinstance(shown, list):
+        return [
+            path
+            for index, item in enumerate(shown)
+            for path in hidden_paths(item, _at=f"{_at}[{index}]")
+        ]
+    if isinstance(shown, str) and (MASK in shown or _FINGERPRINT.fullmatch(shown)):
+        return [_at or "(the arguments)"]
+    return []
+
+
 # A write-only value shorter than this is not looked for in output: "1" or "yes" would mask
 # half of any text, and says nothing by itself.
 KNOWN_VALUE_MIN_CHARS = 6

@@ -5,8 +5,10 @@ same rules ``approvals.approval_decide`` and ``plans.plan_accept`` enforce). An 
 shows exactly what a decision binds: tool, the redacted canonical arguments (the API's
 ``ActionSerializer`` projection, never the sealed ones), the digest, the policy version and
 the scope. Its approve and deny forms post back what the person saw; if any of it differs
-from the action as it is now, nothing is decided and the page says what changed. Decisions
-go through the same services as the API's, with the session as the actor.
+from the action as it is now, nothing is decided and the page says what changed. Values the
+redaction hid (``hidden_paths``) are listed, and approving a call or accepting a plan with
+any of them needs a tick saying the person approves values they cannot read. Decisions go
+through the same services as the API's, with the session as the actor.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from django.urls import path
 from django.utils import timezone
 
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.common.redaction import hidden_paths
 from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.paging import page_of
 from kestrel_one.execution.api import ActionSerializer, PlanSerializer, ReceiptSerializer
@@ -126,6 +129,25 @@ def binding_changes(action, posted) -> list[str]:
     return changes
 
 
+# What a person ticks to approve values they were shown only masked.
+HIDDEN_ACKNOWLEDGED = "approve_hidden"
+
+
+def hidden_unacknowledged(hidden: list[str], posted, *, verb: str) -> str:
+    """Why nothing was decided when ``hidden`` values were not acknowledged, or ''.
+
+    Redaction hides secret-like values from everyone, the approver included, yet the call
+    runs with the real ones (the digest binds them): a long random-looking string may as
+    well be a payload as a key. So approving such a call says so on purpose."""
+    if not hidden or posted.get(HIDDEN_ACKNOWLEDGED) == "yes":
+        return ""
+    return (
+        f"Nothing was {verb}: {len(hidden)} value(s) are hidden from you because they look "
+        f"like secrets ({', '.join(_short(path) for path in hidden[:10])}), and they run as "
+        "they are. Tick the box to say you approve values you cannot read, or deny."
+    )
+
+
 def _action_queryset(view: ConsoleView):
     return actions_visible_to(
         principal=view.principal, organization=view.organization
@@ -220,6 +242,7 @@ class ActionPage(ConsoleView):
             "action": action,
             "shown": shown,
             "args_json": pretty(shown["args"]),
+            "hidden": hidden_paths(shown["args"]),
             "reasons": (shown.get("decision") or {}).get("reasons") or [],
             "decision_json": pretty(shown["decision"]),
             "result_json": pretty(shown["result"]) if shown["result"] is not None else "",
@@ -280,6 +303,15 @@ class ActionDecisionView(ActionPage):
                 self.action_context(error=message, error_status=409),
                 status=409,
             )
+        unacknowledged = self.approve and hidden_unacknowledged(
+            hidden_paths(ActionSerializer(self.action).data["args"]), request.POST, verb="approved"
+        )
+        if unacknowledged:
+            return self.page(
+                "console/approvals/action.html",
+                self.action_context(error=unacknowledged, error_status=400),
+                status=400,
+            )
         reason = request.POST.get("reason", "").strip()[:2000]
         try:
             # approval_decide queues the approved call's dispatch on commit, exactly as for
@@ -318,6 +350,7 @@ class PlanPage(ConsoleView):
         return {
             "plan": plan,
             "shown": shown,
+            "hidden": plan_hidden_paths(shown),
             "steps": [
                 {**step, "index": index, "args_json": pretty(step.get("args"))}
                 for index, step in enumerate(shown["steps"])
@@ -330,6 +363,15 @@ class PlanPage(ConsoleView):
             "error": error,
             "error_status": error_status,
         }
+
+
+def plan_hidden_paths(shown: dict) -> list[str]:
+    """``hidden_paths`` of every step's arguments, each named after its step."""
+    return [
+        f"step {index}: {path}"
+        for index, step in enumerate(shown["steps"])
+        for path in hidden_paths(step.get("args"))
+    ]
 
 
 class PlanView(PlanPage):
@@ -366,6 +408,15 @@ class PlanAcceptView(PlanPage):
                 "console/approvals/plan.html",
                 self.plan_context(error=message, error_status=409),
                 status=409,
+            )
+        unacknowledged = hidden_unacknowledged(
+            plan_hidden_paths(PlanSerializer(self.plan).data), request.POST, verb="accepted"
+        )
+        if unacknowledged:
+            return self.page(
+                "console/approvals/plan.html",
+                self.plan_context(error=unacknowledged, error_status=400),
+                status=400,
             )
         try:
             plan_accept(actor=self.principal, plan=self.plan)

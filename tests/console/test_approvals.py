@@ -263,6 +263,54 @@ def test_the_action_page_shows_what_the_decision_binds_and_no_secret(world):
     assert "&quot;argv&quot;: [" in page  # pretty-printed
 
 
+def test_approving_values_hidden_from_the_person_needs_a_tick(world):
+    """Redaction hides a random-looking run from the approver too, yet the call runs with it:
+    the page names each hidden value, and approving says on purpose that the person approves
+    what they cannot read. Denying needs no tick."""
+    payload = "aGVsbG8gd29ybGQgdGhpcyBpcyBhIHBheWxvYWQ9PXh5ejEyMw0123456789"
+    action = action_request(
+        actor=world.agent,
+        thread=world.thread,
+        tool="shell.exec",
+        args={"argv": ["sh", "-c", f"echo {payload} | base64 -d | sh"], "env": {"TZ": "UTC"}},
+    )
+    assert action.state == "awaiting_approval", action.decision
+    client = signed_in(world["member"].user)
+    url = f"/console/acme/actions/{action.public_id}"
+    page = client.get(url).content.decode()
+    assert payload not in page
+    assert "2 values hidden from you" in page
+    assert "<code>argv[2]</code>" in page and "<code>env.TZ</code>" in page
+    assert 'name="approve_hidden"' in page
+
+    refused = client.post(url + "/approve", decision_binding(action))
+    assert refused.status_code == 400
+    assert "Nothing was approved: 2 value(s) are hidden from you" in refused.content.decode()
+    action.refresh_from_db()
+    assert action.state == "awaiting_approval"
+    assert not Approval.objects.filter(action=action).exists()
+
+    approved = client.post(url + "/approve", {**decision_binding(action), "approve_hidden": "yes"})
+    assert approved.status_code == 303
+    action.refresh_from_db()
+    assert action.state == "queued"
+
+
+def test_denying_a_call_with_hidden_values_needs_no_tick(world):
+    action = awaiting(world, argv=("deploy", "--token", "sk-live-CANARY0123456789abcdef0123456789"))
+    client = signed_in(world["member"].user)
+    url = f"/console/acme/actions/{action.public_id}"
+    assert client.post(url + "/deny", decision_binding(action)).status_code == 303
+    action.refresh_from_db()
+    assert action.state == "denied"
+
+
+def test_a_call_without_hidden_values_asks_for_no_tick(world):
+    page = signed_in(world["member"].user).get(f"/console/acme/actions/{world.action.public_id}")
+    html = page.content.decode()
+    assert "hidden from you" not in html and 'name="approve_hidden"' not in html
+
+
 def test_a_viewer_sees_the_action_without_forms_and_cannot_decide(world):
     client = signed_in(world["viewer"].user)
     page = client.get(f"/console/acme/actions/{world.action.public_id}").content.decode()
@@ -429,3 +477,24 @@ def test_the_plan_page_shows_every_step_and_accepts(world):
     assert "Accepted: its steps may now run." in page and "/accept" not in page
     again = client.post(url + "/accept", {"steps_digest": digest(plan.steps)})
     assert again.status_code == 409 and "only a proposed plan" in again.content.decode()
+
+
+def test_accepting_a_plan_with_hidden_values_needs_a_tick(world):
+    secret_like = "sk-live-CANARY0123456789abcdef0123456789"
+    steps = [{"tool": "shell.exec", "args": {"argv": ["deploy", "--token", secret_like]}}]
+    plan = plan_propose(actor=world.agent, thread=world.plan_thread, steps=steps)
+    client = signed_in(world["member"].user)
+    url = f"/console/acme/plans/{plan.public_id}"
+    page = client.get(url).content.decode()
+    assert secret_like not in page and "<code>step 0: argv[2]</code>" in page
+    refused = client.post(url + "/accept", {"steps_digest": digest(plan.steps)})
+    assert refused.status_code == 400
+    assert "Nothing was accepted: 1 value(s) are hidden" in refused.content.decode()
+    plan.refresh_from_db()
+    assert plan.state == "proposed"
+    accepted = client.post(
+        url + "/accept", {"steps_digest": digest(plan.steps), "approve_hidden": "yes"}
+    )
+    assert accepted.status_code == 303
+    plan.refresh_from_db()
+    assert plan.state == "accepted"
