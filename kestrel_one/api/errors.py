@@ -123,6 +123,10 @@ def _audit_refusal(exc, context) -> None:
         method=request.method,
         path=request.path,
         reason=str(getattr(exc, "message", None) or getattr(exc, "detail", "")),
+        # A refusal by a policy (a model the endpoint may not call) names its versions.
+        policy_version=details.get("policy_version", "")
+        if isinstance(details := getattr(exc, "details", None), dict)
+        else "",
     )
 
 

@@ -278,13 +278,16 @@ def _refusals_capped(organization, actor_id: str, action: str) -> bool:
     return True
 
 
-def audit_authorization_refusal(*, organization, actor, method: str, path: str, reason: str):
-    """A member (or its token) asked for something its role or scopes do not allow: a 403."""
+def audit_authorization_refusal(
+    *, organization, actor, method: str, path: str, reason: str, policy_version: str = ""
+):
+    """A member (or its token) asked for something its role, scopes or policy do not allow:
+    a 403 (``policy_version`` names the policy's versions when it was the policy)."""
+    data = {"method": method, "path": redact_text(path)[:256], "reason": reason[:256]}
+    if policy_version:
+        data["policy_version"] = policy_version
     audit_refusal_record(
-        organization=organization,
-        actor=actor,
-        action="request.refused",
-        data={"method": method, "path": redact_text(path)[:256], "reason": reason[:256]},
+        organization=organization, actor=actor, action="request.refused", data=data
     )
 
 

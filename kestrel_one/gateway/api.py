@@ -197,9 +197,10 @@ def model_request_check(request: ModelRequest, *, prefix: str = "") -> None:
         raise _invalid(prefix + field, error.reason) from None
 
 
-def model_judge(*, project, principal, request: ModelRequest) -> None:
-    """The project's effective policy on ``model.invoke`` for this model. The endpoint has
-    no person to wait for, so a model that needs approval is refused here."""
+def model_judge(*, project, principal, request: ModelRequest) -> str:
+    """The policy versions that allow this call: the project's effective policy on
+    ``model.invoke`` for this model. The endpoint has no person to wait for, so a model that
+    needs approval is refused here; a refusal names the versions too."""
     effective = effective_policy(project=project, principal=principal, mode=Mode.AGENT)
     decision = decide(
         effective.policy,
@@ -208,18 +209,20 @@ def model_judge(*, project, principal, request: ModelRequest) -> None:
         mode=Mode.AGENT,
     )
     if decision.outcome == DENY:
-        raise ModelRefused("model_denied", "; ".join(decision.reasons))
+        raise ModelRefused("model_denied", "; ".join(decision.reasons), effective.version)
     if decision.outcome == NEEDS_APPROVAL:
         raise ModelRefused(
             "approval_required",
             f"The policy needs a person's approval for every call of {request.policy_name}; "
             "this endpoint cannot wait for one. Call it as the model.invoke tool in a thread.",
+            effective.version,
         )
+    return effective.version
 
 
 class ModelRefused(PermissionDenied):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
+    def __init__(self, code: str, message: str, policy_version: str):
+        super().__init__(message, details={"policy_version": policy_version})
         self.code = code
 
 
@@ -244,10 +247,10 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
             request.data, default_max_tokens=settings.KESTREL_GATEWAY_DEFAULT_MAX_TOKENS
         )
         principal = self.principal
-        model_judge(project=self.project, principal=principal, request=model_request)
+        version = model_judge(project=self.project, principal=principal, request=model_request)
         caller = Caller(actor=principal, user=principal.user, token=principal.token)
         try:
-            return self._call(model_request, caller, include_usage)
+            return self._call(model_request, caller, include_usage, version)
         except BudgetExceeded as refused:
             # A 403 is audited by the API's error handler; a budget's refusal (429) here.
             audit_refusal_record(
@@ -255,17 +258,23 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
                 actor=principal,
                 action="model.invoke",
                 target=self.project,
-                data={"code": refused.code, "model": model_request.policy_name, **refused.details},
+                data={
+                    "code": refused.code,
+                    "model": model_request.policy_name,
+                    "policy_version": version,
+                    **refused.details,
+                },
             )
             raise
 
-    def _call(self, model_request: ModelRequest, caller: Caller, include_usage: bool):
+    def _call(self, model_request: ModelRequest, caller: Caller, include_usage: bool, version: str):
         if model_request.stream:
             stream = model_call_stream(
                 project=self.project,
                 request=model_request,
                 caller=caller,
                 surface="endpoint",
+                policy_version=version,
                 include_usage=include_usage,
             )
             response = StreamingHttpResponse(stream.events, content_type="text/event-stream")
@@ -278,6 +287,7 @@ class ChatCompletionsViewSet(ProjectScopedViewSet):
             request=model_request,
             caller=caller,
             surface="endpoint",
+            policy_version=version,
             settle_after=True,
         )
         if model_request.provider == "openai" and isinstance(exchange.body, dict):
@@ -351,6 +361,7 @@ class UsageSerializer(serializers.ModelSerializer):
             "stream",
             "action",
             "requested_by",
+            "policy_version",
             "credential",
             "state",
             "outcome",

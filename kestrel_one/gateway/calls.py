@@ -222,7 +222,14 @@ class _Call:
 
 
 def _begin(
-    *, project, request: ModelRequest, caller: Caller, surface: str, credential, action
+    *,
+    project,
+    request: ModelRequest,
+    caller: Caller,
+    surface: str,
+    policy_version: str,
+    credential,
+    action,
 ) -> tuple[_Call, Any]:
     """Release the credential for this one call (refused: nothing reserved), then reserve."""
     organization = project.organization
@@ -245,6 +252,7 @@ def _begin(
         model=request.model,
         tokens=reservation_tokens(messages=list(request.messages), max_tokens=request.max_tokens),
         requested_by=caller.actor.actor_id,
+        policy_version=policy_version,
         action=action,
         stream=request.stream,
     )
@@ -258,6 +266,7 @@ def model_call(
     request: ModelRequest,
     caller: Caller,
     surface: str,
+    policy_version: str,
     credential: str | None = None,
     action=None,
     settle_after: bool = False,
@@ -272,6 +281,7 @@ def model_call(
         request=request,
         caller=caller,
         surface=surface,
+        policy_version=policy_version,
         credential=credential,
         action=action,
     )
@@ -355,6 +365,7 @@ def model_call_stream(
     request: ModelRequest,
     caller: Caller,
     surface: str,
+    policy_version: str,
     include_usage: bool = True,
     credential: str | None = None,
 ) -> Stream:
@@ -365,6 +376,7 @@ def model_call_stream(
         request=request,
         caller=caller,
         surface=surface,
+        policy_version=policy_version,
         credential=credential,
         action=None,
     )

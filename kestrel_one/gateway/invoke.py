@@ -143,6 +143,7 @@ def model_invoke_run(*, action_id: str) -> str:
             request=request,
             caller=caller,
             surface="tool",
+            policy_version=action.policy_version,
             credential=args.get("credential"),
             action=action,
         )

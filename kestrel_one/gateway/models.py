@@ -103,6 +103,9 @@ class ModelUsage(models.Model):
     model = models.CharField(max_length=128)
     stream = models.BooleanField(default=False)
     requested_by = models.CharField(max_length=64)
+    # The policy versions the call was judged under (an endpoint call's own decision, a tool
+    # call's action's).
+    policy_version = models.CharField(max_length=255, blank=True)
     credential = models.CharField(max_length=40, blank=True)
     state = models.CharField(max_length=10, choices=UsageState.choices)
     # The windows the reservation was taken in: settling touches these, even after midnight.

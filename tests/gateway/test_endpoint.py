@@ -7,10 +7,19 @@ import json
 
 import pytest
 
-from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.gateway.models import BudgetWindow, ModelUsage, UsageState
 from kestrel_one.gateway.services import budget_set, reservation_tokens
+from kestrel_one.governance.selectors import effective_policy
+from policies import Mode
+
+
+def current_version(world) -> str:
+    """The policy versions the member's token is judged under in the project now."""
+    member = Principal(PrincipalKind.TOKEN, user=world.member.user, token=world.member.token)
+    return effective_policy(project=world.project, principal=member, mode=Mode.AGENT).version
+
 
 HELLO = [{"role": "user", "content": "Say hello to the launch team"}]
 
@@ -63,6 +72,9 @@ def test_a_chat_completion_uses_the_org_credential_and_charges_the_reported_usag
     assert usage.charged_tokens == 12
     assert usage.credential == world.credentials["openai"].public_id
     assert usage.request_sha256 and usage.response_sha256
+    # Judged under the project's policy as it stands, and saying so.
+    version = current_version(world)
+    assert usage.policy_version == version and "+mode:agent" in version
     window = day_window(world)
     assert (window.used, window.reserved) == (12, 0)
     audit = AuditRecord.objects.get(organization=world.org, action="model.invoke")
@@ -70,6 +82,7 @@ def test_a_chat_completion_uses_the_org_credential_and_charges_the_reported_usag
     assert "launch team" not in stored and "Hello from" not in stored
     assert audit.data["usage"]["charged"] == 12 and audit.data["request_bytes"] > 0
     assert upstream.secret("openai") not in stored
+    assert audit.data["policy_version"] == version
 
 
 def test_an_anthropic_model_answers_in_the_openai_form(gateway_world, upstream):
@@ -182,6 +195,11 @@ def test_a_model_the_policy_does_not_name_is_denied(gateway_world, upstream):
     assert "openai/gpt-4o" in error["message"]
     assert error["type"] == "permission_error"
     assert upstream.requests() == []
+    # The refusal, and its audit record, name the policy versions that refused it.
+    version = current_version(gateway_world)
+    assert error["details"] == {"policy_version": version}
+    refused = AuditRecord.objects.get(organization=gateway_world.org, action="request.refused")
+    assert refused.data["policy_version"] == version
 
 
 def test_a_provider_error_releases_the_reservation_and_charges_nothing(gateway_world, upstream):
@@ -393,4 +411,5 @@ def test_the_usage_api_lists_the_projects_calls_without_content(gateway_world, u
         "openai/gpt-4o-mini",
     ]
     assert results[1]["usage"]["charged"] == 12 and results[1]["state"] == "settled"
+    assert {r["policy_version"] for r in results} == {current_version(world)}
     assert "launch team" not in listed.content.decode()

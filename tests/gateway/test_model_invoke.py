@@ -65,6 +65,7 @@ def test_a_model_call_runs_in_the_control_tier_and_keeps_its_content_in_the_thre
     assert action.result["usage"]["charged"] == action.result["usage"]["input"] + 6
     usage = ModelUsage.objects.get(public_id=action.result["usage_record"])
     assert usage.action_id == action.pk and usage.surface == "tool"
+    assert usage.policy_version == action.policy_version  # the versions that judged the call
     kinds = list(ThreadEvent.objects.filter(thread=thread).values_list("kind", "data"))
     prompts = [d["content"] for k, d in kinds if k == "model.prompt"]
     assert prompts == ["Be brief.", PROMPT]
