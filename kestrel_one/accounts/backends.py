@@ -13,6 +13,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import BaseBackend
 
+from kestrel_one.common.addresses import client_network
+
 # What a server-token attempt counts against in the lockout: there is one such secret.
 SERVER_TOKEN_ATTEMPT = "(server token)"  # noqa: S105 - a label, not the token
 
@@ -70,6 +72,7 @@ def sign_in_username(request, credentials) -> str:
 
 
 def sign_in_address(request) -> str:
-    """The lockout's address: REMOTE_ADDR only, like every other rule here; a client-sent
-    X-Forwarded-For would let anyone pick a fresh address per attempt."""
-    return request.META.get("REMOTE_ADDR", "")
+    """The lockout's address: REMOTE_ADDR only, like every other rule here (a client-sent
+    X-Forwarded-For would let anyone pick a fresh address per attempt), an IPv6 one as its
+    /64 (``client_network``)."""
+    return client_network(request.META.get("REMOTE_ADDR")) or ""

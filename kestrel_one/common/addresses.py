@@ -1,9 +1,33 @@
-"""The public addresses Kestrel One gives out: where people and clients reach it, and the
-MCP endpoint of a Project (docs/mcp-endpoint.md)."""
+"""The public addresses Kestrel One gives out (where people and clients reach it, and the
+MCP endpoint of a Project: docs/mcp-endpoint.md), and the one way a client's address is
+counted in a limit."""
 
 from __future__ import annotations
 
+import ipaddress
+
 from django.conf import settings
+
+# An IPv6 client usually holds a whole /64 (one site's subnet): counted per address, it would
+# pick a fresh one for every attempt.
+IPV6_CLIENT_PREFIX = 64
+
+
+def client_network(address: str | None) -> str | None:
+    """What a per-client limit counts ``address`` (REMOTE_ADDR) as: an IPv4 address itself,
+    an IPv6 address as the first address of its /64 (an IPv4-mapped one as its IPv4), and
+    None for no address or one that does not parse."""
+    if not address:
+        return None
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, IPV6_CLIENT_PREFIX), strict=False).network_address)
+    return str(ip)
 
 
 def public_origin(request) -> str:

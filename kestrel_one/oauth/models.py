@@ -19,6 +19,7 @@ class ClientRegistration(models.Model):
     application = models.OneToOneField(
         oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="registration"
     )
+    # Who registered, as the rate limit counts them (an IPv6 client as its /64).
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 

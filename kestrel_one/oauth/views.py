@@ -17,7 +17,7 @@ from oauth2_provider.views.mixins import OAuthLibMixin
 from oauthlib.common import add_params_to_uri
 
 from kestrel_one.accounts.scopes import SCOPES
-from kestrel_one.common.addresses import mcp_endpoint_url, public_origin
+from kestrel_one.common.addresses import client_network, mcp_endpoint_url, public_origin
 from kestrel_one.oauth import registration, services
 from kestrel_one.oauth.resources import resource_project
 from kestrel_one.oauth.services import REDIRECT_SCHEMES, S256_CHALLENGE
@@ -77,7 +77,7 @@ class RegisterView(View):
     http_method_names = ["post", "options"]
 
     def post(self, request: HttpRequest) -> HttpResponse:
-        remote_addr = request.META.get("REMOTE_ADDR") or None
+        remote_addr = client_network(request.META.get("REMOTE_ADDR"))
         try:
             name, redirect_uris, scopes = registration.parse_registration(request.body)
             registration.check_rate(remote_addr)

@@ -65,6 +65,14 @@ def test_a_forwarded_for_header_does_not_give_a_fresh_address(email):
     assert sign_in(email, PASSWORD, HTTP_X_FORWARDED_FOR="192.0.2.99").status_code == 429
 
 
+def test_fresh_ipv6_addresses_of_one_64_share_one_lockout(email):
+    """Counted per address, a client holding a /64 would guess without end, five a time."""
+    for n in range(5):
+        sign_in(email, WRONG, address=f"2001:db8:1:2::{n + 1:x}")
+    assert sign_in(email, PASSWORD, address="2001:db8:1:2:abcd::9").status_code == 429
+    assert sign_in(email, PASSWORD, address="2001:db8:1:3::1").status_code == 302
+
+
 def test_a_success_resets_the_count(email):
     fail(email, 4)
     assert sign_in(email, PASSWORD).status_code == 302

@@ -128,6 +128,18 @@ def test_registrations_are_bounded_per_address(client, settings):
     assert ClientRegistration.objects.count() == 3
 
 
+def test_an_ipv6_client_counts_as_its_whole_64(client, settings):
+    """One site holds a /64: a fresh address from it per registration is the same client."""
+    settings.KESTREL_OAUTH_REGISTRATIONS_PER_ADDRESS_HOUR = 2
+    body = {"redirect_uris": ["https://a.example/cb"]}
+    for n in (1, 2):
+        assert register(client, body, REMOTE_ADDR=f"2001:db8:7:9::{n}").status_code == 201
+    assert register(client, body, REMOTE_ADDR="2001:db8:7:9:ffff::3").status_code == 429
+    assert register(client, body, REMOTE_ADDR="2001:db8:7:a::1").status_code == 201
+    stored = set(ClientRegistration.objects.values_list("remote_addr", flat=True))
+    assert stored == {"2001:db8:7:9::", "2001:db8:7:a::"}
+
+
 def test_registration_only_takes_post(client):
     assert client.get("/oauth/register").status_code == 405
 
