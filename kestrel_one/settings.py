@@ -301,6 +301,8 @@ SESSION_COOKIE_AGE = min(
     max(env_int("KESTREL_SESSION_SECONDS", 2 * 60 * 60), 60), KESTREL_SESSION_MAX_SECONDS
 )
 SESSION_SAVE_EVERY_REQUEST = False
+# Django's database sessions, with the expiry held to sign-in + SESSION_COOKIE_AGE.
+SESSION_ENGINE = "kestrel_one.accounts.sessions"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True

@@ -10,6 +10,8 @@ from django.contrib.sessions.models import Session
 from django.test import override_settings
 from django.utils import timezone
 
+from kestrel_one.accounts.sessions import SIGNED_IN_AT
+from kestrel_one.console.sudo import SESSION_KEY as SUDO_SESSION_KEY
 from tests.test_settings import run_manage
 
 pytestmark = pytest.mark.spec("API-2")
@@ -39,6 +41,27 @@ def test_a_session_ends_at_its_lifetime_after_sign_in(world, client):
     ended = client.get("/console/")
     assert ended.status_code == 302 and ended["Location"].startswith("/login")
     assert client.get("/console/acme/tokens").status_code == 302
+
+
+@override_settings(SESSION_COOKIE_AGE=900)
+def test_writing_to_the_session_later_does_not_extend_it(world, client):
+    """A sudo confirmation writes the session, as a message shown on the next page does;
+    Django's database sessions would then count the lifetime again from that write."""
+    owner = world["owner"].user
+    password = "correct horse battery staple"
+    assert client.post("/login", {"email": owner.email, "password": password}).status_code == 302
+    key = client.cookies["sessionid"].value
+    signed_in_until = Session.objects.get(session_key=key).expire_date
+    # Ten minutes on, as far as the session can tell: its sign-in is that much older.
+    session = client.session
+    session[SIGNED_IN_AT] -= 600
+    session.save()
+    Session.objects.filter(session_key=key).update(expire_date=signed_in_until)
+    confirmed = client.post("/console/sudo", {"password": password, "next": "/console/"})
+    assert confirmed.status_code == 302 and confirmed["Location"] == "/console/"
+    assert client.session[SUDO_SESSION_KEY]  # written
+    expiry = Session.objects.get(session_key=key).expire_date
+    assert expiry <= signed_in_until - timedelta(seconds=599)
 
 
 def test_the_session_lifetime_defaults_to_two_hours_and_is_capped():
