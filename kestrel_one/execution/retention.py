@@ -27,6 +27,7 @@ from kestrel_one.audit.services import audit_record, audit_trim
 from kestrel_one.execution.models import TERMINAL_STATES, Action, ActionState
 from kestrel_one.tenancy.models import Organization
 from kestrel_one.threads.services import events_trim, threads_trim
+from kestrel_one.webhooks.services import webhook_messages_trim
 
 # Which ids a retention sweep names in its audit record (the counts are always complete).
 SWEEP_AUDIT_MAX_IDS = 50
@@ -65,6 +66,8 @@ def retention_sweep_organization(*, organization, now: datetime) -> dict:
     - In threads still in use: events, and finished actions with their receipts, older than
       ``events_days``. The replay then says where the kept history starts.
     - Share links that have expired.
+    - Webhook messages older than ``events_days`` (their bodies are events' data) that no
+      delivery still waits to send, with their deliveries.
     - The audit log's records older than ``audit_days``, by the audit app's own trim, which
       keeps the remaining chain verifiable.
 
@@ -92,6 +95,7 @@ def retention_sweep_organization(*, organization, now: datetime) -> dict:
         keep=Q(action__state__in=PENDING_STATES),
     )
     shares_deleted = share_links_trim(organization=organization, now=now)
+    messages_deleted = webhook_messages_trim(organization=organization, before=events_cutoff)
 
     counts = {
         "checkpoints": len(checkpoint_ids),
@@ -100,6 +104,7 @@ def retention_sweep_organization(*, organization, now: datetime) -> dict:
         "actions": actions_deleted,
         "events": events_deleted,
         "share_links": shares_deleted,
+        "webhook_messages": messages_deleted,
     }
     if any(counts.values()):
         audit_record(

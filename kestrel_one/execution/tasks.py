@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import structlog
 from django.db import OperationalError
+from django.utils import timezone
 
 from kestrel_one.accounts.services import sign_in_attempts_expire
 from kestrel_one.celery import app
@@ -13,6 +14,7 @@ from kestrel_one.execution.heartbeats import RunnerNoticeRefused, runner_heartbe
 from kestrel_one.execution.inventory import runner_workspaces_reconcile
 from kestrel_one.execution.retention import retention_sweep
 from kestrel_one.execution.services import ReportRefused, calls_sweep, report_ingest
+from kestrel_one.oauth.services import authorization_codes_trim
 
 logger = structlog.get_logger(__name__)
 
@@ -103,3 +105,7 @@ def retention() -> None:
     attempts = sign_in_attempts_expire()
     if attempts:
         logger.info("retention sweep deleted expired sign-in attempts", count=attempts)
+    # Nor OAuth codes, kept a day past their expiry so that a replay still revokes.
+    codes = authorization_codes_trim(now=timezone.now())
+    if codes:
+        logger.info("retention sweep deleted expired OAuth codes", count=codes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -304,3 +304,16 @@ def oauth_token_revoke(*, application, token: str) -> None:
         )
     if grant is not None:
         oauth_grant_revoke(grant=grant, reason="client_revoked")
+
+
+# How long a used or expired code is kept: presented again within it, it revokes what it gave.
+CODE_KEPT_AFTER_EXPIRY = timedelta(days=1)
+
+
+def authorization_codes_trim(*, now: datetime) -> int:
+    """Delete codes expired more than ``CODE_KEPT_AFTER_EXPIRY`` ago (a grant keeps its
+    tokens); how many."""
+    old = AuthorizationCode.objects.filter(expires_at__lt=now - CODE_KEPT_AFTER_EXPIRY)
+    deleted = old.count()
+    old.delete()
+    return deleted

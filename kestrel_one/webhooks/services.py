@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from standardwebhooks import Webhook
 
@@ -524,3 +524,16 @@ def deliveries_sweep(*, now: datetime | None = None) -> int:
     if overdue:
         deliveries_enqueue(delivery_ids=overdue)
     return len(overdue)
+
+
+def webhook_messages_trim(*, organization, before: datetime) -> int:
+    """Delete the organization's messages (their bodies are its events' data) created before
+    ``before`` that no delivery still waits to send, with their deliveries; how many."""
+    settled = WebhookMessage.objects.filter(organization=organization, created_at__lt=before)
+    waiting = WebhookDelivery.objects.filter(
+        message=OuterRef("pk"), state__in=[DeliveryState.PENDING, DeliveryState.DELIVERING]
+    )
+    old = settled.exclude(Exists(waiting))
+    deleted = old.count()
+    old.delete()
+    return deleted

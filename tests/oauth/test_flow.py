@@ -5,6 +5,7 @@ on the REST API and the MCP endpoint of that one Project, refresh and revocation
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from guardian.shortcuts import assign_perm, remove_perm
@@ -13,7 +14,9 @@ from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.services import token_revoke
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.execution.tasks import retention
 from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
+from kestrel_one.oauth.services import authorization_codes_trim
 from tests.oauth.flow import (
     REDIRECT_URI,
     Pkce,
@@ -287,6 +290,21 @@ def test_a_reused_code_is_refused_and_revokes_what_it_gave(live_server, world):
     assert second.status_code == 400 and second.json()["error"] == "invalid_grant"
     url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
     assert client.get(url, headers=bearer(access)).status_code == 401
+
+
+def test_codes_are_deleted_a_day_past_expiry_and_the_grant_keeps_its_tokens(live_server, world):
+    client, _client_id, tokens = connect(live_server, world)
+    code = AuthorizationCode.objects.get()
+    grant = OAuthGrant.objects.get()
+    authorization_codes_trim(now=code.expires_at + timedelta(hours=23))
+    assert AuthorizationCode.objects.filter(pk=code.pk).exists()  # a replay still revokes
+    retention()  # the control.retention task, as beat runs it
+    assert AuthorizationCode.objects.filter(pk=code.pk).exists()  # not a day past expiry yet
+    authorization_codes_trim(now=code.expires_at + timedelta(days=1, minutes=1))
+    assert not AuthorizationCode.objects.exists()
+    assert OAuthGrant.objects.filter(pk=grant.pk, revoked_at=None).exists()
+    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
+    assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 200
 
 
 def test_another_clients_code_is_refused(live_server, world):

@@ -322,3 +322,28 @@ def test_a_name_resolving_inside_is_refused_without_telling_its_address(
     for answer in (shown, deliveries):
         assert internal not in answer.content.decode()
     assert internal not in delivery.last_error
+
+
+@pytest.mark.spec("AUD-6")
+def test_retention_deletes_old_messages_no_delivery_still_waits_to_send(world, enqueued):
+    """A message's body is its event's data, so it goes with the organization's events: once
+    older than ``events_days`` and settled, with its deliveries; a pending one stays."""
+    from kestrel_one.execution.retention import retention_sweep_organization
+
+    endpoint_for(world, "https://hooks.example.com/a")
+    delivered, failed, pending, recent = (emit(world) for _ in range(4))
+    WebhookDelivery.objects.filter(message=delivered).update(state=DeliveryState.DELIVERED)
+    WebhookDelivery.objects.filter(message=failed).update(state=DeliveryState.FAILED)
+    WebhookDelivery.objects.filter(message=recent).update(state=DeliveryState.DELIVERED)
+    old = timezone.now() - timedelta(days=91)  # the default events_days is 90
+    WebhookMessage.objects.exclude(pk=recent.pk).update(created_at=old)
+
+    counts = retention_sweep_organization(organization=world.org, now=timezone.now())
+    assert counts["webhook_messages"] == 2
+    assert set(WebhookMessage.objects.values_list("pk", flat=True)) == {pending.pk, recent.pk}
+    assert set(WebhookDelivery.objects.values_list("message_id", flat=True)) == {
+        pending.pk,
+        recent.pk,
+    }
+    record = AuditRecord.objects.get(organization=world.org, action="retention.sweep")
+    assert record.data["deleted"]["webhook_messages"] == 2
