@@ -29,7 +29,9 @@ Model names the provider emulations treat specially (tests of failure paths):
 ``kestrel-echo-credential`` (400 whose error message carries the credential presented, as a
 careless upstream might: the adapters must not pass it on) and ``kestrel-echo-credential-ok``
 (an ordinary OpenAI answer whose ``system_fingerprint`` is the credential, each stream event
-sent in two writes cut inside it: the gateway must not pass it on either). Usage is
+sent in two writes cut inside it: the gateway must not pass it on either), and
+``kestrel-echo-credential-escaped`` (the same whole answer with the credential spelled in JSON
+escapes, so only parsing shows it). Usage is
 deterministic: prompt tokens are the words of the messages (and system), the completion is
 the first ``max_tokens`` words of ``REPLY``. OpenAI streams send usage only when asked with
 ``"stream_options": {"include_usage": true}``, as OpenAI documents.
@@ -185,8 +187,15 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError, TimeoutError):
             pass  # the client went away (a bound it kept); nothing to answer
 
-    def _json(self, status: int, payload, headers: dict[str, str] | None = None) -> None:
+    def _json(
+        self, status: int, payload, headers: dict[str, str] | None = None, *, escape: str = ""
+    ) -> None:
         data = json.dumps(payload).encode()
+        if escape:
+            # ``escape`` spelled in JSON escapes only (``\\u0073\\u006b...``): the same string
+            # once parsed, never its bytes as sent.
+            spelled = "".join(f"\\u{ord(char):04x}" for char in escape)
+            data = data.replace(json.dumps(escape).encode(), f'"{spelled}"'.encode())
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
@@ -458,7 +467,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self._special_model(model, key, openai=True):
             return
-        fingerprint = key if model == "kestrel-echo-credential-ok" else "fp_kestrel"
+        echoes = model in ("kestrel-echo-credential-ok", "kestrel-echo-credential-escaped")
+        fingerprint = key if echoes else "fp_kestrel"
         prompt_tokens = max(1, sum(_words(str(m.get("content", ""))) for m in messages))
         words, truncated = _completion(payload.get("max_tokens"))
         usage = {
@@ -498,6 +508,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "usage": usage,
             },
             {"x-request-id": f"req_kestrel{created}"},
+            escape=key if model == "kestrel-echo-credential-escaped" else "",
         )
 
     def _openai_stream(

@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from kestrel_one.adapters.echoes import EchoMask, mask_bytes, secret_forms
+from kestrel_one.adapters.echoes import EchoMask, mask_bytes, mask_forms, secret_forms
 from kestrel_one.adapters.registry import get_adapter, prepare_request
 from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request, egress_stream
 from kestrel_one.common.errors import KestrelError
@@ -191,6 +191,21 @@ def _parse(raw: bytes) -> Any:
         return None
 
 
+def _masked_answer(answer: bytes, forms: list[str]) -> tuple[bytes, Any]:
+    """A whole answer without the credential: its bytes and its parsed JSON (or None).
+    The bytes are masked as they came, and the parsed strings again, since JSON may spell
+    the credential with escapes (``\\u0073k-...``) that only parsing reveals; the bytes are
+    then the masked JSON."""
+    raw = mask_bytes(answer, forms)
+    body = _parse(raw)
+    if body is None:
+        return raw, None
+    masked = mask_forms(body, forms)
+    if masked != body:
+        return json.dumps(masked, separators=(",", ":")).encode(), masked
+    return raw, body
+
+
 @dataclass
 class _Call:
     """The state of one call between its reservation and its settlement."""
@@ -316,8 +331,7 @@ def model_call(
     call.digest.update(answer.body)
     call.response_bytes = len(answer.body)
     # What is passed on, parsed and kept never carries the credential, even echoed.
-    raw = mask_bytes(answer.body, forms)
-    body = _parse(raw)
+    raw, body = _masked_answer(answer.body, forms)
     input_tokens, output_tokens = usage_of(request.provider, body)
     if not 200 <= answer.status < 300:
         call.settle(
@@ -400,7 +414,7 @@ def model_call_stream(
             raw = b"".join(upstream.chunks())
             call.digest.update(raw)
             call.response_bytes = len(raw)
-            body = _parse(mask_bytes(raw, forms))
+            _, body = _masked_answer(raw, forms)
             call.settle(
                 "upstream_error", upstream_status=upstream.status, error_code="upstream_error"
             )

@@ -18,6 +18,7 @@ MODELS = [
     "openai/kestrel-upstream-error",
     "openai/kestrel-echo-credential",
     "openai/kestrel-echo-credential-ok",
+    "openai/kestrel-echo-credential-escaped",
     "openai/kestrel-slow",
     "anthropic/claude-3-5-haiku-latest",
     "anthropic/kestrel-upstream-error",

@@ -413,3 +413,19 @@ def test_the_usage_api_lists_the_projects_calls_without_content(gateway_world, u
     assert results[1]["usage"]["charged"] == 12 and results[1]["state"] == "settled"
     assert {r["policy_version"] for r in results} == {current_version(world)}
     assert "launch team" not in listed.content.decode()
+
+
+@pytest.mark.spec("CRED-6")
+def test_a_credential_spelled_in_json_escapes_is_masked_too(gateway_world, upstream):
+    """JSON may spell any character as an escape: the bytes as sent then never hold the
+    credential, yet the client that parses them reads it. What is passed on is masked
+    once parsed as well."""
+    world = gateway_world
+    body = {"model": "openai/kestrel-echo-credential-escaped", "messages": HELLO}
+    response = post(world, body)
+    assert response.status_code == 200, response.content
+    secret = upstream.secret("openai")
+    answer = response.json()
+    assert answer["system_fingerprint"] == "[redacted]"
+    assert answer["choices"][0]["message"]["content"] == "Hello from the Kestrel test upstream."
+    assert secret not in json.dumps(answer)
