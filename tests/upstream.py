@@ -24,6 +24,10 @@ accepted secrets (a JSON file read at every request: ``Upstream.expect``); a mis
 one is 401 with the provider's own error body (Slack answers such errors with 200 and
 ``ok: false``; here it is 401 with Slack's body, so a test sees it either way).
 
+GitHub repositories it treats specially (tests of the adapters' failure paths), in
+``issues.list``: ``kestrel-upstream-error`` (500), ``kestrel-slow`` (answers after 60 s) and
+``kestrel-echo-credential`` (422 whose message carries the token presented).
+
 Model names the provider emulations treat specially (tests of failure paths):
 ``kestrel-upstream-error`` (500), ``kestrel-slow`` (answers after 60 s) and
 ``kestrel-echo-credential`` (400 whose error message carries the credential presented, as a
@@ -308,11 +312,28 @@ class _Handler(BaseHTTPRequestHandler):
         issues = self._ISSUES.match(self.route)
         comments = self._COMMENTS.match(self.route)
         if issues and self.command == "GET":
-            self._github_issues(*issues.groups())
+            if not self._github_special(issues.group(2), token):
+                self._github_issues(*issues.groups())
         elif comments and self.command == "POST":
             self._github_comment(*comments.groups())
         else:
             self._json(404, {"message": "Not Found", **self._gh_doc(404)})
+
+    def _github_special(self, repo: str, token: str) -> bool:
+        """The failure paths a test can ask for by repository name, as for models."""
+        if repo == "kestrel-upstream-error":
+            self._json(500, {"message": "Server Error", **self._gh_doc(500)})
+            return True
+        if repo == "kestrel-slow":
+            time.sleep(SLOW_MODEL_SECONDS)
+            self._json(200, [])
+            return True
+        if repo == "kestrel-echo-credential":
+            self._json(
+                422, {"message": f"Validation Failed for token {token}", **self._gh_doc(422)}
+            )
+            return True
+        return False
 
     def _gh_doc(self, status: int) -> dict:
         return {"documentation_url": self._GITHUB_DOCS, "status": str(status)}

@@ -42,6 +42,8 @@ class IdempotencyKeyReused(Conflict):
 
 
 REFERENCE_FIELDS = ("credential", "connection")
+# The refusal of an adapter.invoke call of a model provider (``Adapter.model_provider``).
+MODEL_PROVIDER = "model_provider"
 
 
 def credential_reference(canonical: dict[str, Any]) -> dict[str, str] | None:
@@ -67,7 +69,7 @@ def invocation_digest(canonical: dict[str, Any]) -> str:
 
 def adapter_call_request(canonical: dict[str, Any], request: Request) -> Request:
     try:
-        _, operation = get_operation(canonical["adapter"], canonical["operation"])
+        adapter, operation = get_operation(canonical["adapter"], canonical["operation"])
     except UnknownAdapter as error:
         raise AdapterCallInvalid(
             "unknown_adapter", str(error), field="args.adapter", reason="unknown adapter"
@@ -76,6 +78,17 @@ def adapter_call_request(canonical: dict[str, Any], request: Request) -> Request
         raise AdapterCallInvalid(
             "unknown_operation", str(error), field="args.operation", reason="unknown operation"
         ) from None
+    if adapter.model_provider:
+        # Its calls are model calls: the gateway's alone, so no grant of adapter.invoke can
+        # step around the project's model list and token budget.
+        raise AdapterCallInvalid(
+            MODEL_PROVIDER,
+            f"{adapter.name} is a model provider: call its models with the model.invoke tool "
+            "(or the project's chat-completions endpoint), which the project's model list and "
+            "token budget govern. adapter.invoke does not call it.",
+            field="args.adapter",
+            reason="a model provider: use model.invoke",
+        )
     try:
         validate_operation_args(canonical["adapter"], canonical["operation"], canonical["args"])
     except InvalidOperationArguments as error:

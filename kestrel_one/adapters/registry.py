@@ -155,6 +155,9 @@ class Adapter:
     credential_kind: str
     presentation: Presentation
     operations: Mapping[str, Operation]
+    # A model provider: only the model gateway calls it (model.invoke and the chat-completions
+    # endpoint), under the project's model list and token budget; adapter.invoke refuses it.
+    model_provider: bool = False
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,7 @@ OPENAI = Adapter(
     name="openai",
     summary="An OpenAI-compatible chat-completions API (the model gateway's provider).",
     credential_kind="openai_api_key",
+    model_provider=True,
     presentation=Presentation(header="Authorization", form="Bearer {secret}"),
     operations=MappingProxyType(
         {
@@ -303,6 +307,7 @@ ANTHROPIC = Adapter(
     name="anthropic",
     summary="Anthropic's messages API (the model gateway's provider).",
     credential_kind="anthropic_api_key",
+    model_provider=True,
     presentation=Presentation(header="x-api-key", form="{secret}"),
     operations=MappingProxyType(
         {

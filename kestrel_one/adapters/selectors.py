@@ -15,6 +15,8 @@ def adapters_describe() -> list[dict[str, Any]]:
             "name": adapter.name,
             "summary": adapter.summary,
             "credential_kind": adapter.credential_kind,
+            # Called by the model gateway (model.invoke) only, never by adapter.invoke.
+            "model_provider": adapter.model_provider,
             "presentation": {
                 "header": adapter.presentation.header,
                 "form": adapter.presentation.form,

@@ -125,6 +125,8 @@ def _adapter_tools(effective: EffectivePolicy) -> list[Offered]:
         return []
     offered = []
     for adapter in sorted(ADAPTERS.values(), key=lambda a: a.name):
+        if adapter.model_provider:
+            continue  # the gateway's (model.invoke), never adapter.invoke's
         for operation in sorted(adapter.operations.values(), key=lambda o: o.name):
             request = Request("adapter.invoke", adapter=adapter.name, operation=operation.name)
             if decide(effective.policy, request, version=effective.version).outcome == DENY:

@@ -28,9 +28,15 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 SYSTEM = system_principal("tests")
 ISSUES = {"owner": "acme", "repo": "rockets", "state": "all"}
 COMMENT = {"owner": "acme", "repo": "rockets", "issue_number": 7, "body": "Launched."}
+# A grant of a model provider under adapter.invoke, as an admin might write one.
 MODEL_POLICY = {
     "capabilities": {
-        "adapter.invoke": {"adapters": {"openai": {"operations": ["chat.completions"]}}},
+        "adapter.invoke": {
+            "adapters": {
+                "openai": {"operations": ["chat.completions"]},
+                "github": {"operations": ["issues.list"]},
+            }
+        },
     }
 }
 
@@ -286,21 +292,18 @@ def test_twenty_concurrent_calls_with_one_key_make_one_upstream_request(
 def test_an_upstream_error_that_echoes_the_credential_is_recorded_without_it(
     adapters, upstream, adapter_worker
 ):
-    secret = upstream.secret("openai")
+    secret = upstream.secret("github")
     credential = credential_create(
-        actor=SYSTEM, organization=adapters.org, name="models", adapter="openai", secret=secret
+        actor=SYSTEM, organization=adapters.org, name="echo", adapter="github", secret=secret
     )
     project, thread = adapter_project(adapters.org, name="models", policy=MODEL_POLICY)
     answer = invoke(
         adapters["member"].client(),
         adapters,
         {
-            "adapter": "openai",
-            "operation": "chat.completions",
-            "args": {
-                "model": "kestrel-echo-credential",
-                "messages": [{"role": "user", "content": "hi"}],
-            },
+            "adapter": "github",
+            "operation": "issues.list",
+            "args": {"owner": "acme", "repo": "kestrel-echo-credential"},
             "credential": credential.public_id,
         },
         project=project,
@@ -310,8 +313,8 @@ def test_an_upstream_error_that_echoes_the_credential_is_recorded_without_it(
     action = finished(adapters, answer.json()["id"], adapter_worker)
     assert action.state == "failed"
     assert action.error["code"] == "upstream_error"
-    assert action.error["status"] == 400
-    assert len(upstream.requests(host="openai")) == 1
+    assert action.error["status"] == 422
+    assert len(upstream.requests(host="github")) == 1
     shown = (
         adapters["member"]
         .client()
@@ -362,3 +365,34 @@ def test_another_persons_connection_or_an_unknown_credential_is_refused_at_reque
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "credential_required"
     assert "args.credential" in answer.json()["error"]["details"]
+
+
+@pytest.mark.spec("CRED-4", "POL-2")
+@pytest.mark.parametrize(
+    ("adapter", "operation", "args"),
+    [
+        ("openai", "chat.completions", {"model": "gpt-4o-mini", "messages": []}),
+        ("anthropic", "messages.create", {"model": "claude", "messages": [], "max_tokens": 8}),
+    ],
+)
+def test_a_model_provider_is_never_called_through_adapter_invoke(
+    adapters, upstream, adapter, operation, args
+):
+    """Its calls are the model gateway's, under the project's model list and token budget:
+    a grant of adapter.invoke naming it would step around both, so the call is refused
+    before it is an action, whatever the policy grants."""
+    project, thread = adapter_project(adapters.org, name="models", policy=MODEL_POLICY)
+    answer = invoke(
+        adapters["member"].client(),
+        adapters,
+        {"adapter": adapter, "operation": operation, "args": args},
+        project=project,
+        thread=thread,
+    )
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "model_provider"
+    assert "model.invoke" in error["message"]
+    assert error["details"] == {"args.adapter": ["a model provider: use model.invoke"]}
+    assert not Action.objects.filter(project=project).exists()
+    assert upstream.requests() == []

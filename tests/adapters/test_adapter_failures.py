@@ -24,12 +24,7 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 SYSTEM = system_principal("tests")
 POLICY = {
     "capabilities": {
-        "adapter.invoke": {
-            "adapters": {
-                "openai": {"operations": ["chat.completions"]},
-                "github": {"operations": ["issues.list"]},
-            }
-        },
+        "adapter.invoke": {"adapters": {"github": {"operations": ["issues.list"]}}},
     }
 }
 
@@ -40,7 +35,7 @@ def calls(adapters, upstream, monkeypatch):
     adapters.models_project, adapters.models_thread = adapter_project(
         adapters.org, name="failures", policy=POLICY
     )
-    adapters.secrets = {name: upstream.secret(name) for name in ("openai", "github")}
+    adapters.secrets = {"github": upstream.secret("github")}
     adapters.credentials = {
         name: credential_create(
             actor=SYSTEM, organization=adapters.org, name=name, adapter=name, secret=secret
@@ -63,12 +58,13 @@ def run(world, args: dict) -> Action:
     return Action.objects.get(public_id=answer.json()["id"])
 
 
-def completion(world, model: str, **extra) -> dict:
+def issues(world, repo: str, **extra) -> dict:
+    """issues.list of ``repo``: the test upstream fails as a repository's name asks."""
     return {
-        "adapter": "openai",
-        "operation": "chat.completions",
-        "args": {"model": model, "messages": [{"role": "user", "content": "hi"}]},
-        "credential": world.credentials["openai"].public_id,
+        "adapter": "github",
+        "operation": "issues.list",
+        "args": {"owner": "acme", "repo": repo},
+        "credential": world.credentials["github"].public_id,
         **extra,
     }
 
@@ -95,34 +91,34 @@ def test_an_untrusted_certificate_fails_tls_failed_and_sends_nothing(calls, upst
 
 @pytest.mark.spec("CRED-5", "CRED-6")
 def test_a_timeout_carries_its_code_and_the_key_never_sends_again(calls, upstream, monkeypatch):
-    _, operation = registry.get_operation("openai", "chat.completions")
+    _, operation = registry.get_operation("github", "issues.list")
     short = dataclasses.replace(operation, timeout_s=1.0)
     monkeypatch.setattr(
         "kestrel_one.adapters.services.get_operation",
         lambda adapter, name: (registry.ADAPTERS[adapter], short),
     )
-    first = run(calls, completion(calls, "kestrel-slow", idempotency_key="slow-1"))
+    first = run(calls, issues(calls, "kestrel-slow", idempotency_key="slow-1"))
     assert first.state == "failed"
     assert first.error["code"] == "timeout", first.error
-    assert len(upstream.requests(host="openai")) == 1
+    assert len(upstream.requests(host="github")) == 1
     # The request may have reached the provider: the same key gets that answer, unsent.
-    again = run(calls, completion(calls, "kestrel-slow", idempotency_key="slow-1"))
+    again = run(calls, issues(calls, "kestrel-slow", idempotency_key="slow-1"))
     assert again.state == "failed" and again.error["code"] == "timeout"
-    assert len(upstream.requests(host="openai")) == 1
+    assert len(upstream.requests(host="github")) == 1
     assert Receipt.objects.get(action=again).evidence["replayed_from"] == first.public_id
 
 
 @pytest.mark.spec("CRED-6")
 def test_an_upstream_error_is_recorded_with_its_status(calls, upstream):
-    action = run(calls, completion(calls, "kestrel-upstream-error"))
+    action = run(calls, issues(calls, "kestrel-upstream-error"))
     assert action.state == "failed"
     assert action.error == {
         "code": "upstream_error",
-        "message": "openai chat.completions answered HTTP 500",
+        "message": "github issues.list answered HTTP 500",
         "status": 500,
     }
     assert action.result["status"] == 500
-    assert action.result["body"]["error"]["type"] == "server_error"
+    assert action.result["body"]["message"] == "Server Error"
 
 
 @pytest.mark.spec("CRED-6", "TEN-5")
@@ -132,11 +128,11 @@ def test_a_credential_revoked_after_the_request_is_refused_and_nothing_is_sent(c
     answer = invoke(
         calls["member"].client(),
         calls,
-        completion(calls, "gpt-4o-mini"),
+        issues(calls, "rockets"),
         project=calls.models_project,
         thread=calls.models_thread,
     )
-    credential_revoke(actor=SYSTEM, credential=calls.credentials["openai"])
+    credential_revoke(actor=SYSTEM, credential=calls.credentials["github"])
     adapter_invoke_run(action_id=answer.json()["id"])
     action = Action.objects.get(public_id=answer.json()["id"])
     assert action.state == "failed"

@@ -23,6 +23,8 @@ def test_the_api_lists_every_adapter_with_exact_resources_and_effects(world):
     assert github["issues.list"]["effect"] == "read"
     assert listed["anthropic"]["presentation"] == {"header": "x-api-key", "form": "{secret}"}
     assert listed["slack"]["credential_kind"] == "slack_bot_token"
+    # The model providers are the gateway's: listed for their credentials, called by model.invoke.
+    assert {name for name, a in listed.items() if a["model_provider"]} == {"openai", "anthropic"}
 
 
 def test_the_api_listing_needs_a_token(api):

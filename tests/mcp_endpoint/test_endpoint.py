@@ -341,7 +341,12 @@ def test_each_adapter_operation_the_policy_allows_is_a_tool_of_its_own(world):
     document = {
         "capabilities": {
             **ENVIRONMENT_POLICY["capabilities"],
-            "adapter.invoke": {"adapters": {"github": {"operations": ["issues.list"]}}},
+            "adapter.invoke": {
+                "adapters": {
+                    "github": {"operations": ["issues.list"]},
+                    "openai": {"operations": ["chat.completions"]},
+                }
+            },
         }
     }
     policy_publish_environment(
@@ -352,9 +357,11 @@ def test_each_adapter_operation_the_policy_allows_is_a_tool_of_its_own(world):
     listed = rpc(client, endpoint(world), "tools/list", session=session).json()["result"]
     tools = {tool["name"]: tool for tool in listed["tools"]}
     assert "adapter.github.issues.list" in tools
-    # The operation the grant does not name is not offered, nor adapter.invoke itself.
+    # The operation the grant does not name is not offered, nor adapter.invoke itself, nor a
+    # model provider's operation (the gateway's: model.invoke), though the grant names it.
     assert "adapter.github.issue_comment.create" not in tools
     assert "adapter.invoke" not in tools
+    assert "adapter.openai.chat.completions" not in tools
     schema = tools["adapter.github.issues.list"]["inputSchema"]
     assert schema["required"] == ["args"]
     assert set(schema["properties"]["args"]["required"]) == {"owner", "repo"}
