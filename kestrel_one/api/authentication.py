@@ -15,7 +15,6 @@ address is loopback, its client is anyone.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 
 from django.conf import settings
 from rest_framework import exceptions
@@ -24,6 +23,7 @@ from rest_framework.authentication import BaseAuthentication
 from kestrel_one.accounts.backends import is_server_token, local_owner
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.services import audit_authentication_failure, token_authenticate
+from kestrel_one.common.addresses import client_ip
 
 TOKEN_HEADER = "HTTP_X_KESTREL_TOKEN"  # noqa: S105 - a header name
 
@@ -53,15 +53,8 @@ def presented_token(request) -> str | None:
 
 def is_loopback(address: str | None) -> bool:
     """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback. Only REMOTE_ADDR counts."""
-    if not address:
-        return False
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
+    ip = client_ip(address)
+    return ip is not None and ip.is_loopback
 
 
 # Headers a reverse proxy adds for the client it relays (RFC 7239 and the common ones).

@@ -13,21 +13,27 @@ from django.conf import settings
 IPV6_CLIENT_PREFIX = 64
 
 
-def client_network(address: str | None) -> str | None:
-    """What a per-client limit counts ``address`` (REMOTE_ADDR) as: an IPv4 address itself,
-    an IPv6 address as the first address of its /64 (an IPv4-mapped one as its IPv4), and
-    None for no address or one that does not parse."""
+def client_ip(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``address`` (REMOTE_ADDR) as an IP address, an IPv4-mapped IPv6 one as its IPv4 and
+    without a zone; None for no address or one that does not parse."""
     if not address:
         return None
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def client_network(address: str | None) -> str | None:
+    """What a per-client limit counts ``address`` as: an IPv4 address itself, an IPv6 one as
+    the first address of its /64, None for none (``client_ip``)."""
+    ip = client_ip(address)
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((ip, IPV6_CLIENT_PREFIX), strict=False).network_address)
-    return str(ip)
+    return None if ip is None else str(ip)
 
 
 def public_origin(request) -> str:
