@@ -6,9 +6,9 @@ shows exactly what a decision binds: tool, the redacted canonical arguments (the
 ``ActionSerializer`` projection, never the sealed ones), the digest, the policy version and
 the scope. Its approve and deny forms post back what the person saw; if any of it differs
 from the action as it is now, nothing is decided and the page says what changed. Values the
-redaction hid (``hidden_paths``) are listed, and approving a call or accepting a plan with
-any of them needs a tick saying the person approves values they cannot read. Decisions go
-through the same services as the API's, with the session as the actor.
+redaction hid (the serializer's ``hidden_args``) are listed, and approving a call or
+accepting a plan with any of them needs a tick saying the person approves values they cannot
+read. Decisions go through the same services as the API's, with the session as the actor.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ class ActionPage(ConsoleView):
             "action": action,
             "shown": shown,
             "args_json": pretty(shown["args"]),
-            "hidden": hidden_paths(shown["args"]),
+            "hidden": shown["hidden_args"],
             "reasons": (shown.get("decision") or {}).get("reasons") or [],
             "decision_json": pretty(shown["decision"]),
             "result_json": pretty(shown["result"]) if shown["result"] is not None else "",
@@ -304,7 +304,7 @@ class ActionDecisionView(ActionPage):
                 status=409,
             )
         unacknowledged = self.approve and hidden_unacknowledged(
-            hidden_paths(ActionSerializer(self.action).data["args"]), request.POST, verb="approved"
+            ActionSerializer(self.action).data["hidden_args"], request.POST, verb="approved"
         )
         if unacknowledged:
             return self.page(

@@ -19,7 +19,7 @@ from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.api.serializers import RedactedSerializer, StrictSerializer
 from kestrel_one.artifacts.models import Checkpoint
 from kestrel_one.common.errors import ValidationFailed, echo
-from kestrel_one.common.redaction import redact, redact_arguments, redact_result
+from kestrel_one.common.redaction import hidden_paths, redact, redact_arguments, redact_result
 from kestrel_one.execution.approvals import approval_decide, verification_record
 from kestrel_one.execution.checkpoints import checkpoint_restore
 from kestrel_one.execution.idempotency import action_request_once
@@ -57,6 +57,9 @@ class ActionSerializer(RedactedSerializer):
     receipt = serializers.SerializerMethodField()
     approval = serializers.SerializerMethodField()
     plan_step = serializers.SerializerMethodField()
+    # Where redaction hid a value of ``args`` from everyone, the approver included, though the
+    # call runs with it (the console asks a tick to approve such a call).
+    hidden_args = serializers.SerializerMethodField()
 
     class Meta:
         model = Action
@@ -65,6 +68,7 @@ class ActionSerializer(RedactedSerializer):
             "thread",
             "tool",
             "args",
+            "hidden_args",
             "args_digest",
             "action_digest",
             "mode",
@@ -84,6 +88,9 @@ class ActionSerializer(RedactedSerializer):
             "started_at",
             "finished_at",
         ]
+
+    def get_hidden_args(self, action) -> list[str]:
+        return hidden_paths(redact_arguments(action.args))
 
     def get_receipt(self, action) -> str | None:
         try:

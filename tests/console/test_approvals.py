@@ -282,6 +282,17 @@ def test_approving_values_hidden_from_the_person_needs_a_tick(world):
     assert "2 values hidden from you" in page
     assert "<code>argv[2]</code>" in page and "<code>env.TZ</code>" in page
     assert 'name="approve_hidden"' in page
+    # The API names the same paths, for whoever approves there.
+    shown = (
+        world["member"]
+        .client()
+        .get(
+            f"/api/v1/orgs/acme/projects/{world.project.public_id}/threads/"
+            f"{world.thread.public_id}/actions/{action.public_id}"
+        )
+    )
+    assert shown.status_code == 200, shown.content
+    assert shown.json()["hidden_args"] == ["argv[2]", "env.TZ"]
 
     refused = client.post(url + "/approve", decision_binding(action))
     assert refused.status_code == 400
