@@ -121,8 +121,13 @@ class DockerMcpServers:
             "timeout_s": timeout_s,
             "call_id": call_id,
         }
-        for _attempt in range(2):
-            relay = self._relay(project, thread, pinned, workspace, {**labels, "thread": thread})
+        for attempt in range(2):
+            # The first attempt sends the call to a relay whose socket is there, unasked: a
+            # relay that is gone or stopping sends nothing (_Retry), and the second attempt
+            # asks it first, replacing it if it does not answer.
+            relay = self._relay(
+                project, thread, pinned, workspace, {**labels, "thread": thread}, ask=attempt > 0
+            )
             if relay is None:
                 break
             try:
@@ -181,8 +186,11 @@ class DockerMcpServers:
         pinned: Mapping[str, Any],
         workspace: Path,
         labels: dict[str, str],
+        *,
+        ask: bool,
     ) -> Path | None:
-        """The socket of the key's relay, started if none answers; None: use a throwaway."""
+        """The socket of the key's relay, started if there is none (or, with ``ask``, if
+        none answers); None: use a throwaway."""
         root = self._root()
         key = "\0".join(
             (self.runner_id, project, thread, pinned["profile"]["server"], pinned["profile_sha256"])
@@ -190,6 +198,8 @@ class DockerMcpServers:
         name = RELAY_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:24]
         directory = root / name
         sock = directory / "relay.sock"
+        if not ask and sock.exists():
+            return sock
         with _flock(root / f"{name}.lock", self.start_timeout + 30):
             if sock.exists():
                 try:

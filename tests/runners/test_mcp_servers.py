@@ -12,6 +12,7 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -553,6 +554,55 @@ def test_a_worker_killed_mid_call_ends_the_server_and_the_call_has_no_late_effec
         workspace=project_workspace,
     )
     assert answer["content"][0]["text"] == "again"
+
+
+def test_a_relay_gone_without_a_word_is_replaced_by_the_threads_next_call(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+) -> None:
+    """A call goes to the thread's relay without asking it first; one that died and left its
+    socket behind answers nothing, so the call is sent again to a new relay and server."""
+    profile = make_profile(server_image)
+    pinned = pin(profile, listed(profile, project_workspace)["echo"])
+
+    def echo(text: str) -> str:
+        answer = call(
+            servers,
+            pinned,
+            "echo",
+            {"text": text},
+            project=project,
+            thread="thr_gone",
+            workspace=project_workspace,
+        )
+        return answer["content"][0]["text"]
+
+    assert echo("first") == "first"
+    (directory,) = [path for path in warm_root.glob("mcp-*") if path.is_dir()]
+    (old,) = _server_containers(engine, project)
+    os.kill(int((directory / "pid").read_text()), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _answers(directory / "relay.sock"):
+        time.sleep(0.05)
+    # Killed, it cleaned nothing up: its socket is what the next call finds, and it is dead.
+    assert (directory / "relay.sock").exists()
+    assert not _answers(directory / "relay.sock")
+    assert echo("again") == "again"
+    (new,) = _server_containers(engine, project)
+    assert new.id != old.id
+
+
+def _answers(sock: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        try:
+            connection.connect(str(sock))
+        except ConnectionRefusedError:
+            return False
+    return True
 
 
 @pytest.mark.spec("MCP-4")
