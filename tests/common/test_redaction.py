@@ -252,6 +252,45 @@ def test_log_lines_never_carry_secrets():
     assert PLANTED not in output
 
 
+# The shortest text each pass of redact_text can change. A pass is skipped for text without
+# what its pattern needs (a length, "://", ":" or "=", "%" or "\\u"), so each of these must
+# still be masked: one too strict a guard and it would come through.
+SHORTEST_SECRETS = [
+    ("known format", "Basic abcdefgh", MASK),
+    ("assignment with =", "pwd=x", "pwd=" + MASK),
+    ("assignment with :", "pwd:x", "pwd:" + MASK),
+    ("url password", "a://b:c@d", "a://b:" + MASK + "@d"),
+    ("url-encoded", "%70wd=x", "pwd=" + MASK),
+    ("json-escaped", "\\u0070wd=x", "pwd=" + MASK),
+    ("hex", b"Basic abcdefgh".hex(), MASK),
+    ("base64", base64.b64encode(b"pwd=x1234567").decode(), MASK),
+    ("high entropy", "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dF", MASK),
+]
+
+
+@pytest.mark.spec("CRED-1")
+@pytest.mark.parametrize(
+    ("case", "text", "shown"), SHORTEST_SECRETS, ids=[c for c, _, _ in SHORTEST_SECRETS]
+)
+def test_the_shortest_secret_of_each_pass_is_masked(case, text, shown):
+    assert redact_text(text) == shown
+
+
+def test_the_length_guards_are_the_patterns_shortest_matches():
+    # The guards in _redact_text are written as numbers; the patterns say what they must be.
+    from re import _parser  # the parser's width is the one place that computes a minimum
+
+    from kestrel_one.common import redaction
+
+    def shortest(pattern) -> int:
+        return _parser.parse(pattern.pattern, pattern.flags).getwidth()[0]
+
+    assert shortest(redaction._KNOWN_SECRET) == redaction.SHORTEST_KNOWN_SECRET
+    assert shortest(redaction._HEX_RUN) == redaction.SHORTEST_ENCODED_RUN
+    assert shortest(redaction._BASE64_RUN) == redaction.SHORTEST_ENCODED_RUN
+    assert shortest(redaction._HIGH_ENTROPY_RUN) == redaction.HIGH_ENTROPY_MIN_LENGTH
+
+
 def test_redaction_is_linear_on_hostile_input():
     # No timing assertion: this finishes at all only if no pattern backtracks badly.
     for hostile in ("y" * 50_000, "a-" * 25_000, "%41" * 20_000, "password-" * 6_000):
