@@ -15,6 +15,7 @@ import os
 
 import redis
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from django.dispatch import receiver
 from django.utils import timezone
@@ -42,7 +43,10 @@ PARENT_ENDED = (
 def answer_on_end(sender, action_id: int, state: str, **kwargs) -> None:
     """An action ended: answer the broker waiting for it, if it is a brokered child; and if
     it is a parent, cancel its children still waiting for a person (nobody waits for them)."""
-    # Every action ends here, and nearly none is brokered: both questions in one query.
+    # Every action ends here, and nearly none is brokered: a plain probe first (nothing to
+    # compile; the ORM query below joins five tables), then both questions in one query.
+    if not _brokered(action_id):
+        return
     requests = BrokeredRequest.objects.select_related(
         "parent", "child__thread", "child__organization"
     ).filter(
@@ -56,6 +60,19 @@ def answer_on_end(sender, action_id: int, state: str, **kwargs) -> None:
             end_action(
                 brokered.child, ActionState.AWAITING_APPROVAL, ActionState.CANCELLED, *PARENT_ENDED
             )
+
+
+_BROKERED_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM sandbox_broker_brokeredrequest "
+    "WHERE child_id = %s OR parent_id = %s)"
+)
+
+
+def _brokered(action_id: int) -> bool:
+    """Whether the action is a brokered request's child or parent, answered or not."""
+    with connection.cursor() as cursor:
+        cursor.execute(_BROKERED_SQL, [action_id, action_id])
+        return cursor.fetchone()[0]
 
 
 def brokered_answer(brokered: BrokeredRequest) -> bool:
