@@ -351,7 +351,9 @@ def tools_observe(
 def tools_record(server: McpServer, listed_tools: list, *, now) -> dict[str, list[str]]:
     """A discovery's whole list: the first one records, a later one diffs (module doc).
     Returns the summary ``{"added", "changed", "removed", "unusable"}`` (names)."""
-    first = not server.tools.exists()
+    # The first discovery that succeeded, not the first that found tools: one that listed
+    # none would otherwise let the next list's tools in enabled, unreviewed.
+    first = server.discovered_at is None
     observed: dict[str, Any] = {}
     nameless = 0
     for listed in listed_tools[:MAX_TOOLS]:

@@ -330,6 +330,24 @@ def test_a_later_discovery_records_the_difference_for_review(
     assert append.state == McpTool.State.ENABLED and append.pending_definition is None
 
 
+@pytest.mark.spec("MCP-5")
+def test_tools_first_listed_after_an_empty_first_discovery_wait_for_review(
+    started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    # A server that lists nothing at install and its real tools later must not have them
+    # recorded as if at install: enabled, callable wherever a policy names them.
+    server, discovery, _ = started
+    assert discovery_ingest(report(discovery, runner, runner_key, tools=[])) == "recorded"
+    server.refresh_from_db()
+    assert server.state == McpServer.State.READY and not server.tools.exists()
+    later = refresh(
+        server, runner, runner_key, sent, django_capture_on_commit_callbacks, [ECHO, APPEND]
+    )
+    assert later.summary["added"] == ["append_note", "echo"]
+    for tool in server.tools.all():
+        assert tool.state == McpTool.State.NEW and tool.definition_sha256 == ""
+
+
 def test_a_failed_first_discovery_fails_the_server(started, runner, runner_key):
     server, discovery, _ = started
     error = {"code": "mcp_start_failed", "message": "the server did not initialize"}
