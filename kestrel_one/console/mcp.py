@@ -133,6 +133,8 @@ class EgressForm(forms.Form):
 
 class ReviewForm(forms.Form):
     accept = forms.ChoiceField(choices=[("yes", "accept"), ("no", "keep disabled")])
+    # The definition shown on the page: accepting adopts it, never one listed since.
+    sha256 = forms.RegexField(regex=r"^[0-9a-f]{64}$")
 
 
 class MarkForm(forms.Form):
@@ -415,7 +417,12 @@ class McpToolReviewView(_OneTool):
             return self.server_page(status=400, errors=_form_errors(form))
         accept = form.cleaned_data["accept"] == "yes"
         try:
-            services.mcp_tool_review(actor=self.principal, tool=self.tool, accept=accept)
+            services.mcp_tool_review(
+                actor=self.principal,
+                tool=self.tool,
+                accept=accept,
+                sha256=form.cleaned_data["sha256"],
+            )
         except KestrelError as error:
             return self.server_page(status=error.status, errors=_service_errors(error))
         return _back(self.server_url(), reviewed=self.tool.name[:40])

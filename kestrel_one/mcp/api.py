@@ -106,6 +106,12 @@ class McpServerUpdateSerializer(StrictSerializer):
 
 class ToolReviewSerializer(StrictSerializer):
     accept = _Flag(help_text="true adopts the pending definition; false keeps the tool off.")
+    sha256 = serializers.RegexField(
+        r"^[0-9a-f]{64}$",
+        required=False,
+        help_text="The reviewed definition's digest (the tool's pending.sha256); required to "
+        "accept, and refused (409) if the server has listed another definition since.",
+    )
 
 
 class ToolMarkSerializer(StrictSerializer):
@@ -211,7 +217,10 @@ class McpServerViewSet(OrgScopedViewSet):
         data = ToolReviewSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         tool = services.mcp_tool_review(
-            actor=self.principal, tool=tool, accept=data.validated_data["accept"]
+            actor=self.principal,
+            tool=tool,
+            accept=data.validated_data["accept"],
+            sha256=data.validated_data.get("sha256"),
         )
         return Response(selectors.tool_body(tool))
 

@@ -556,11 +556,17 @@ def mcp_sweep(*, now=None) -> dict[str, int]:
             )
             counts["discoveries_failed"] += 1
     for risk_id in McpRiskAcceptance.objects.filter(
-        expires_at__lte=now, withdrawn_at__isnull=True, expiry_recorded_at__isnull=True
+        expires_at__lte=now,
+        withdrawn_at__isnull=True,
+        voided_at__isnull=True,
+        expiry_recorded_at__isnull=True,
     ).values_list("pk", flat=True):
         with transaction.atomic():
             moved = McpRiskAcceptance.objects.filter(
-                pk=risk_id, expiry_recorded_at__isnull=True, withdrawn_at__isnull=True
+                pk=risk_id,
+                expiry_recorded_at__isnull=True,
+                withdrawn_at__isnull=True,
+                voided_at__isnull=True,
             ).update(expiry_recorded_at=now)
             if not moved:
                 continue

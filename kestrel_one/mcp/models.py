@@ -228,14 +228,15 @@ class McpDiscovery(models.Model):
 class McpRiskAcceptanceQuerySet(models.QuerySet):
     def in_force(self, now=None) -> McpRiskAcceptanceQuerySet:
         now = now or timezone.now()
-        return self.filter(withdrawn_at__isnull=True, expires_at__gt=now)
+        return self.filter(withdrawn_at__isnull=True, voided_at__isnull=True, expires_at__gt=now)
 
 
 class McpRiskAcceptance(models.Model):
     """An org admin's recorded decision to run a custom server with unrestricted (bridge)
     networking (MCP-4): justified, expiring, bound to the image and profile it was made for,
     withdrawable. The server is back to network-off once it expires, is withdrawn, or the
-    image or profile changes."""
+    image or profile changes; a change voids it for good (``voided_at``): changing back does
+    not bring it back, only a person's new acceptance does."""
 
     public_id = PublicIdField("rsk")
     organization = models.ForeignKey(
@@ -255,6 +256,8 @@ class McpRiskAcceptance(models.Model):
     withdrawn_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # When a change of the server's image or profile (or its removal) ended it.
+    voided_at = models.DateTimeField(null=True, blank=True)
     # When the sweep recorded its expiry in the audit log (once).
     expiry_recorded_at = models.DateTimeField(null=True, blank=True)
 

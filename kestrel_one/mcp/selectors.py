@@ -139,12 +139,15 @@ def risk_acceptances_of(server: McpServer) -> QuerySet[McpRiskAcceptance]:
 
 
 def risk_acceptance_state(acceptance: McpRiskAcceptance, *, now=None) -> str:
-    """withdrawn, expired (from ``expires_at`` alone), void (another image or base profile
-    than the server's now, or the server removed), else active."""
+    """withdrawn; void once a change ended it (``voided_at``); expired (from ``expires_at``
+    alone); void (another image or base profile than the server's now, or the server
+    removed); else active."""
     now = now or timezone.now()
     server = acceptance.server
     if acceptance.withdrawn_at is not None:
         return RISK_WITHDRAWN
+    if acceptance.voided_at is not None:
+        return RISK_VOID
     if acceptance.expires_at <= now:
         return RISK_EXPIRED
     if server.state == McpServer.State.REMOVED or not risk_acceptance_covers(acceptance, server):
@@ -165,6 +168,7 @@ def risk_acceptance_body(acceptance: McpRiskAcceptance, *, now=None) -> dict:
         "created_at": acceptance.created_at,
         "withdrawn_at": acceptance.withdrawn_at,
         "withdrawn_by": acceptance.withdrawn_by.public_id if acceptance.withdrawn_by else None,
+        "voided_at": acceptance.voided_at,
     }
 
 

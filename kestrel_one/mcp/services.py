@@ -433,6 +433,9 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
     if entries is not None:
         data["egress"] = _egress_record(server)
     data["discovery"] = discovery.public_id if discovery is not None else None
+    voided = _risk_void(server, bridging)
+    if voided:
+        data["risk_acceptances_voided"] = voided
     audit_record(
         organization=server.organization,
         actor=actor,
@@ -442,7 +445,6 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
         target=server,
         data=data,
     )
-    _risk_end_if_void(server, bridging)
     return server
 
 
@@ -456,15 +458,23 @@ def _bridging(server: McpServer) -> list[McpRiskAcceptance]:
     ]
 
 
-def _risk_end_if_void(server: McpServer, bridging: list[McpRiskAcceptance]) -> None:
+def _risk_void(server: McpServer, bridging: list[McpRiskAcceptance]) -> list[str]:
     """``bridging`` (``_bridging``) was read before a change of ``server`` in this
-    transaction: each acceptance that no longer covers it, removed or changed, is void, and
-    the runners stop the containers started under it (they have the network it gave)."""
+    transaction: each acceptance that no longer covers it, removed or changed, is void for
+    good (a later change back does not revive a person's decision; whoever can change a
+    server cannot always accept a risk), and the runners stop the containers started under
+    it (they have the network it gave). The public ids of those voided."""
+    now = timezone.now()
+    voided = []
     for acceptance in bridging:
         if server.state == McpServer.State.REMOVED or not risk_acceptance_covers(
             acceptance, server
         ):
+            acceptance.voided_at = now
+            acceptance.save(update_fields=["voided_at"])
             mcp_risk_end_notice(acceptance)
+            voided.append(acceptance.public_id)
+    return voided
 
 
 @transaction.atomic
@@ -494,14 +504,13 @@ def mcp_server_remove(*, actor, server: McpServer) -> McpServer:
     bridging = _bridging(server)
     server.state = McpServer.State.REMOVED
     server.save(update_fields=["state", "updated_at"])
+    data = {"name": server.name, "reference": server.reference, "state": previous}
+    voided = _risk_void(server, bridging)
+    if voided:
+        data["risk_acceptances_voided"] = voided
     audit_record(
-        organization=server.organization,
-        actor=actor,
-        action="mcp.remove",
-        target=server,
-        data={"name": server.name, "reference": server.reference, "state": previous},
+        organization=server.organization, actor=actor, action="mcp.remove", target=server, data=data
     )
-    _risk_end_if_void(server, bridging)
     return server
 
 
@@ -527,17 +536,32 @@ def _unusable_reason(definition: dict) -> str:
 
 
 @transaction.atomic
-def mcp_tool_review(*, actor, tool: McpTool, accept: Any) -> McpTool:
+def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = None) -> McpTool:
     """An admin's decision on a changed or new definition: accepting adopts it (the tool is
-    enabled with the new digest); refusing keeps the tool disabled, the definition pending."""
+    enabled with the new digest); refusing keeps the tool disabled, the definition pending.
+
+    Accepting names the definition reviewed (``sha256``, the pending one's digest as shown):
+    the server may list another one between the admin's reading and the decision (a refresh,
+    a call's report), and only what a person read may be adopted."""
     if not isinstance(accept, bool):
         _refuse("accept", "must be true (adopt the pending definition) or false (keep it off)")
+    if accept and not sha256:
+        _refuse(
+            "sha256",
+            "name the definition you reviewed: its digest, the tool's pending.sha256",
+        )
     tool = McpTool.objects.select_for_update().select_related("server").get(pk=tool.pk)
     _locked_installed(tool.server)
     if tool.pending_definition is None:
         raise Conflict(
             f"Tool '{echo(tool.name)}' has no pending definition to review (state {tool.state}).",
             details={"accept": ["nothing to review"]},
+        )
+    if sha256 is not None and sha256 != tool.pending_sha256:
+        raise Conflict(
+            f"Tool '{echo(tool.name)}' now lists another definition than the one reviewed "
+            f"({tool.pending_sha256[:12]}..., not {str(sha256)[:12]}...): read it again.",
+            details={"sha256": ["not the pending definition's digest"]},
         )
     now = timezone.now()
     reviewed = {"sha256": tool.pending_sha256, "previous_sha256": tool.definition_sha256}
@@ -661,6 +685,11 @@ def mcp_risk_withdraw(*, actor, acceptance: McpRiskAcceptance) -> McpRiskAccepta
     )
     if acceptance.withdrawn_at is not None:
         raise Conflict("This risk acceptance is already withdrawn.")
+    if acceptance.voided_at is not None:
+        raise Conflict(
+            "This risk acceptance is already void: the server's image or profile changed "
+            "after it was made, or the server was removed."
+        )
     acceptance.withdrawn_at = timezone.now()
     acceptance.withdrawn_by = _user(actor)
     acceptance.save(update_fields=["withdrawn_at", "withdrawn_by"])

@@ -333,7 +333,10 @@ BODIES: dict[tuple[str, str], Callable[[object], dict]] = {
         "egress": [{"host": "api.example.com", "port": 443, "protocol": "https"}]
     },
     ("api:mcp-server-refresh", "post"): lambda w: {},
-    ("api:mcp-tool-review", "post"): lambda w: {"accept": True},
+    ("api:mcp-tool-review", "post"): lambda w: {
+        "accept": True,
+        "sha256": mcp_objects(w)[1].pending_sha256,
+    },
     ("api:mcp-tool-mark", "post"): lambda w: {"dangerous": True},
     ("api:mcp-risk-list", "post"): lambda w: {
         "justification": "needs its vendor's API",

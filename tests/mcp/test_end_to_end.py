@@ -302,7 +302,7 @@ def test_a_changed_tool_definition_is_disabled_until_an_admin_reviews_it(stack):
     stack.call(
         "POST",
         f"/orgs/local/mcp-servers/{stack.servers['custom']}/tools/poisoned/review",
-        {"accept": True},
+        {"accept": True, "sha256": tool["pending"]["sha256"]},
         person=True,
     )
     assert stack.tools("custom")["poisoned"]["state"] == "enabled"

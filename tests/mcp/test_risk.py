@@ -240,6 +240,46 @@ def test_a_new_image_or_profile_voids_the_acceptance_and_the_egress_grant(world,
     assert [a["state"] for a in listed] == ["void"]
 
 
+@pytest.mark.spec("POL-5")
+def test_changing_the_server_back_does_not_revive_a_voided_acceptance(world, ready):
+    """A change voids the acceptance for good. It used to be void only while the server
+    differed from what it was made for: a token holding ``mcp:write``, which cannot accept
+    a risk, changed the limits back and the server had the network again, under a person's
+    decision that had ended."""
+    admin = world["admin"].client()
+    acceptance = accept(admin, ready["id"]).json()
+    _, integration = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="deployer",
+        scopes=["org:read", "mcp:write"],
+        integration=True,
+    )
+    deployer = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {integration}")
+    limits = admin.get(f"{URL}/{ready['id']}").json()["limits"]
+    for memory_mb in (limits["memory_mb"] * 2, limits["memory_mb"]):
+        patched = deployer.patch(
+            f"{URL}/{ready['id']}", {"limits": {"memory_mb": memory_mb}}, format="json"
+        )
+        assert patched.status_code == 200, patched.content
+    assert admin.get(f"{URL}/{ready['id']}").json()["limits"] == limits  # as accepted
+    assert network(admin, ready["id"])["mode"] == "none"
+    listed = admin.get(f"{URL}/{ready['id']}/risk-acceptances").json()["results"]
+    assert [(a["id"], a["state"]) for a in listed] == [(acceptance["id"], "void")]
+    assert listed[0]["voided_at"] is not None
+    server = McpServer.objects.get(public_id=ready["id"])
+    assert server_profile(server)["network"] == "none"
+    voiding = AuditRecord.objects.filter(action="mcp.update").order_by("pk").first()
+    assert voiding.data["risk_acceptances_voided"] == [acceptance["id"]]
+    withdrawn = admin.post(
+        f"{URL}/{ready['id']}/risk-acceptances/{acceptance['id']}/withdraw", {}, format="json"
+    )
+    assert withdrawn.status_code == 409 and "void" in withdrawn.json()["error"]["message"]
+    # Only a person's new decision gives it the network again.
+    assert accept(admin, ready["id"]).status_code == 201
+    assert network(admin, ready["id"])["mode"] == "bridge"
+
+
 class ControlMessages:
     """The broker stand-in for control messages: the ``mcp.risk.end`` notices sent, as
     (type, org, env, prj, thr, rsk), each verified with the control key."""
