@@ -47,7 +47,9 @@ def reap_orphan_containers(call_id: str) -> int:
             containers.setdefault(container.id, container)
         for container in containers.values():
             try:
-                container.remove(force=True)
+                # v: a throwaway MCP server carries the call's label; no anonymous volume of
+                # its image may stay on the host (runners/mcp/session.py covers them anyway).
+                container.remove(force=True, v=True)
             except docker.errors.NotFound:
                 pass
         return len(containers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -55,6 +56,7 @@ __all__ = [
     "call_pinned_checked",
     "check_pinned",
     "container_options",
+    "image_volume_paths",
     "list_tools",
     "listed_tool",
     "server_session",
@@ -74,6 +76,48 @@ LINE_BOUND = Path(__file__).with_name("line_bound.py")
 # What the docker command needs from the runner's environment to reach the same engine.
 _DOCKER_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+# An image's declared VOLUMEs (untrusted: a custom image is an org admin's) each become a
+# tmpfs bounded like /tmp, never an engine volume on the runner host's disk. Path names are
+# plain components only; anything else, or more of them, refuses the server.
+MAX_IMAGE_VOLUMES = 32
+_VOLUME_COMPONENT = re.compile(r"[A-Za-z0-9._@+-]{1,255}")
+_KERNEL_TREES = ("proc", "sys", "dev")
+
+
+def image_volume_paths(image_config: Mapping[str, Any] | None) -> list[str]:
+    """The paths an image declares as VOLUMEs (its ``Config.Volumes``), as the engine cleans
+    them; ``McpStartFailed`` for anything but a few plain absolute paths.
+
+    The engine gives each such path an anonymous volume on the runner host's disk, which no
+    limit bounds and which outlives the container; ``container_options`` covers each with a
+    tmpfs instead. The engine skips a volume whose cleaned path already has a mount, so the
+    cleaned spelling is the one that must be covered.
+    """
+    declared = (image_config or {}).get("Volumes") or {}
+    if not isinstance(declared, Mapping):
+        raise McpStartFailed("the image's declared volumes are not a map of paths")
+    if len(declared) > MAX_IMAGE_VOLUMES:
+        raise McpStartFailed(
+            f"the image declares {len(declared)} volumes; a server may have {MAX_IMAGE_VOLUMES}"
+        )
+    paths: set[str] = set()
+    for declared_path in declared:
+        refused = McpStartFailed(
+            f"the image declares the volume {str(declared_path)[:200]!r}: a server's volume "
+            "must be an absolute path of plain names (letters, digits, '.', '_', '@', '+', "
+            "'-'), outside /proc, /sys and /dev"
+        )
+        if not isinstance(declared_path, str) or not declared_path.startswith("/"):
+            raise refused
+        parts = [part for part in declared_path.split("/") if part]
+        if (
+            not parts
+            or parts[0] in _KERNEL_TREES
+            or any(part in (".", "..") or not _VOLUME_COMPONENT.fullmatch(part) for part in parts)
+        ):
+            raise refused
+        paths.add("/" + "/".join(parts))
+    return sorted(paths)
 
 
 def container_options(
@@ -82,8 +126,11 @@ def container_options(
     labels: Mapping[str, str],
     workspace: Path | None,
     network: str,
+    image_volumes: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
-    """The ``containers.create`` arguments of a server: from its profile and nothing else."""
+    """The ``containers.create`` arguments of a server: from its profile and nothing else
+    but the VOLUMEs its image (run by the profile's id) declares (``image_volume_paths``),
+    each a tmpfs bounded like /tmp."""
     uid, gid = workspace_owner()
     limits = profile["limits"]
     mounts = []
@@ -98,6 +145,13 @@ def container_options(
                 read_only=profile["workspace"] == "ro",
             )
         )
+    # tmpfs pages count against the container's memory limit, so each is bounded twice.
+    tmpfs_options = f"rw,nosuid,nodev,size={int(limits['tmp_mb'])}m,mode=1777"
+    tmpfs = {SERVER_TMP: tmpfs_options}
+    for path in image_volumes:
+        # The workspace's bind mount already stands where the image asked for a volume.
+        if path != SERVER_WORKSPACE or not mounts:
+            tmpfs.setdefault(path, tmpfs_options)
     options: dict[str, Any] = {
         "user": f"{uid}:{gid}",
         "environment": {"HOME": SERVER_TMP, "LANG": "C.UTF-8"},
@@ -118,7 +172,7 @@ def container_options(
         "memswap_limit": f"{int(limits['memory_mb'])}m",
         "nano_cpus": int(float(limits["cpus"]) * 1e9),
         "ulimits": [docker.types.Ulimit(name="core", soft=0, hard=0)],
-        "tmpfs": {SERVER_TMP: f"rw,nosuid,nodev,size={int(limits['tmp_mb'])}m,mode=1777"},
+        "tmpfs": tmpfs,
         "mounts": mounts,
         "log_config": docker.types.LogConfig(type="none"),
         # stdio: stdin open for the one attach, closed when it detaches (the server then
@@ -147,13 +201,14 @@ def create_container(
 ) -> str:
     """Create (not start) the server's container; its id."""
     try:
-        client.images.get(profile["image"])
+        image = client.images.get(profile["image"])
     except docker.errors.ImageNotFound:
         raise McpImageMissing(
             f"the engine has no image {profile['image']} (installed as {profile['reference']})"
         ) from None
     except ENGINE_ERRORS as error:
         raise McpUnavailable(f"docker: no engine answers ({error})") from None
+    volumes = image_volume_paths(image.attrs.get("Config"))
     network = "none"
     if profile["network"] == "bridge":
         lapses_at = profile.get("risk_expires_at")
@@ -165,7 +220,9 @@ def create_container(
         network = ensure_open_network(client)
     elif profile["network"] != "none":
         raise McpStartFailed(f"unknown network {profile['network']!r}")
-    options = container_options(profile, labels=labels, workspace=workspace, network=network)
+    options = container_options(
+        profile, labels=labels, workspace=workspace, network=network, image_volumes=volumes
+    )
     try:
         return str(client.containers.create(profile["image"], **options).id)
     except ENGINE_ERRORS as error:
@@ -173,8 +230,11 @@ def create_container(
 
 
 def remove_container(client: Any, container_id: str) -> None:
+    """Remove a server's container and any anonymous volume it has (``v``): an image's
+    VOLUMEs are tmpfs (``container_options``), but a container made otherwise must not
+    leave one on the runner host's disk."""
     with contextlib.suppress(*ENGINE_ERRORS):
-        client.api.remove_container(container_id, force=True)
+        client.api.remove_container(container_id, force=True, v=True)
 
 
 @contextlib.asynccontextmanager
@@ -356,21 +416,34 @@ async def call_pinned_checked(
 
 
 def bounded_result(server: str, tool: str, result: mcp_types.CallToolResult) -> dict[str, Any]:
-    """The action's result: the content blocks within MAX_OUTPUT_CHARS in all (text cut,
-    other blocks kept whole or dropped), structured content only if it fits too."""
-    budget = MAX_OUTPUT_CHARS
+    """The action's result: the content blocks within MAX_OUTPUT_CHARS in all, structured
+    content only if it fits on its own.
+
+    A block counts whole: its canonical JSON and the comma after it, except that a text
+    block's text counts by its characters (as "262,144 characters of text" says; JSON
+    escaping is for the answer's and the report's bounds to allow for), so the content's
+    canonical JSON, brackets included, is within MAX_OUTPUT_CHARS when no text needs
+    escaping. A text is cut to what is left once the rest of its block (type, ``_meta``,
+    annotations) is counted; a block whose other parts alone do not fit, and any other
+    block that does not fit whole, is dropped.
+    """
+    budget = MAX_OUTPUT_CHARS - len("[]") + len(",")  # n blocks have n - 1 commas
     truncated = False
     content = []
     for block in result.content:
         data = block.model_dump(mode="json", by_alias=True, exclude_none=True)
         if data.get("type") == "text" and isinstance(data.get("text"), str):
             text = data["text"]
-            if len(text) > budget:
-                text, truncated = text[:budget], True
-            budget -= len(text)
+            frame = len(canonical_json({**data, "text": ""})) + len(",")
+            if frame > budget:
+                truncated = True
+                continue
+            if frame + len(text) > budget:
+                text, truncated = text[: budget - frame], True
+            budget -= frame + len(text)
             content.append({**data, "text": text})
             continue
-        size = len(canonical_json(data))
+        size = len(canonical_json(data)) + len(",")
         if size > budget:
             truncated = True
             continue

@@ -7,6 +7,7 @@ Each test uses its own project, so its containers are told from other suites'; t
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import multiprocessing
@@ -23,9 +24,12 @@ from typing import Any
 
 import anyio
 import docker
+import docker.errors
 import pytest
+from mcp import types as mcp_types
 
 from runners.callstate import CallState
+from runners.contract.canonical import canonical_json
 from runners.contract.mcp import (
     DEFAULT_LIMITS,
     MAX_OUTPUT_CHARS,
@@ -47,12 +51,18 @@ from runners.mcp.errors import McpImageMissing, McpStartFailed, McpToolChanged
 from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, host_block_rules
 from runners.mcp.servers import DockerMcpServers, reap_mcp_call
 from runners.mcp.session import (
+    MAX_IMAGE_VOLUMES,
     MAX_LINE_BYTES,
     MCP_LABEL,
     STDERR_TAIL_CHARS,
+    bounded_result,
+    create_container,
+    image_volume_paths,
     list_tools,
+    remove_container,
     server_session,
 )
+from runners.orphans import reap_orphan_containers
 from runners.runner import Disposition, Runner
 from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
@@ -283,6 +293,142 @@ def test_a_read_only_workspace_is_mounted_read_only_and_none_is_not_mounted(
     assert _server_containers(engine, project) == []
 
 
+# What a custom image may declare: a volume of its own, one with a trailing slash, /tmp and
+# /workspace (where the runner mounts its own) and one nested in /tmp.
+VOLUME_IMAGE = "kestrel-test/h1-mcp-volumes:latest"
+DECLARED_VOLUMES = ["/data", "/cache/", "/tmp", "/workspace", "/tmp/sub"]
+
+
+def volume_image(client: Any, base: str, volumes: list[str], tag: str = VOLUME_IMAGE) -> str:
+    """``base`` with these VOLUMEs declared (a local build: no registry), its id."""
+    dockerfile = f"FROM {base}\nVOLUME {json.dumps(volumes)}\n"
+    image, _logs = client.images.build(
+        fileobj=io.BytesIO(dockerfile.encode()),
+        tag=tag,
+        labels={"io.kestrel.test": "h1-volumes"},
+        rm=True,
+    )
+    return str(image.id)
+
+
+def _volume_mounts(attrs: dict[str, Any]) -> list[str]:
+    return [mount.get("Name", "") for mount in attrs["Mounts"] if mount["Type"] == "volume"]
+
+
+@pytest.mark.spec("MCP-1", "RUN-3")
+def test_an_images_volumes_are_bounded_tmpfs_and_never_volumes_on_the_host(
+    server_image: str, engine: Any, project: str, project_workspace: Path
+) -> None:
+    image = volume_image(engine, server_image, DECLARED_VOLUMES)
+    assert set(engine.images.get(image).attrs["Config"]["Volumes"]) == set(DECLARED_VOLUMES)
+    size = f"size={DEFAULT_LIMITS['tmp_mb']}m"
+
+    async def inspect_running(profile: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        async with server_session(
+            engine, profile, labels={"project": project}, workspace=project_workspace
+        ) as (_session, _init, container_id):
+            attrs = engine.api.inspect_container(container_id)
+            seen = engine.containers.get(container_id).exec_run(["cat", "/proc/mounts"])
+            return attrs, seen.output.decode()
+
+    for mode in ("rw", "none"):
+        attrs, proc_mounts = anyio.run(inspect_running, make_profile(image, workspace=mode))
+        # No engine volume: nothing on the host's disk, nothing left after the container.
+        assert _volume_mounts(attrs) == [], attrs["Mounts"]
+        tmpfs = attrs["HostConfig"]["Tmpfs"]
+        covered = {"/tmp", "/data", "/cache", "/tmp/sub"} | (
+            {"/workspace"} if mode == "none" else set()
+        )
+        assert set(tmpfs) == covered
+        assert all(options == tmpfs["/tmp"] and size in options for options in tmpfs.values())
+        mounted = {line.split()[1]: line.split() for line in proc_mounts.splitlines()}
+        for path in covered:
+            assert mounted[path][2] == "tmpfs", path
+            assert f"size={DEFAULT_LIMITS['tmp_mb'] * 1024}k" in mounted[path][3], path
+            assert {"nosuid", "nodev", "noexec"} <= set(mounted[path][3].split(",")), path
+        if mode == "rw":
+            assert mounted["/workspace"][2] != "tmpfs"  # the workspace, as bound
+        assert _server_containers(engine, project) == []
+
+
+@pytest.mark.spec("MCP-1")
+def test_removing_a_server_container_removes_its_anonymous_volumes(
+    server_image: str, engine: Any, project: str
+) -> None:
+    """However a container of a server came to have an engine volume, every removal path of
+    the runner (the session's, a dead worker's call reaped) takes the volume with it."""
+    image = volume_image(engine, server_image, ["/data"])
+    call_id = f"call_{uuid.uuid4().hex}"
+    left = []
+    for remove in (
+        lambda container_id: remove_container(engine, container_id),
+        lambda _container_id: reap_orphan_containers(call_id),
+    ):
+        container = engine.containers.create(
+            image,
+            ["true"],
+            labels={f"{LABEL_PREFIX}project": project, f"{LABEL_PREFIX}call": call_id},
+        )
+        names = _volume_mounts(engine.api.inspect_container(container.id))
+        assert len(names) == 1  # the engine's anonymous volume for /data
+        remove(container.id)
+        for name in names:
+            try:
+                engine.volumes.get(name)
+                left.append(name)
+            except docker.errors.NotFound:
+                pass
+    assert left == [], f"volumes left on the host: {left}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "data",
+        "/",
+        "//",
+        "/a/../etc",
+        "/a/./b",
+        "/a b",
+        "/a:b",
+        "/a,b",
+        "/data\x00",
+        "/proc/x",
+        "/sys",
+        "/dev/shm",
+        "/" + "a" * 256,
+    ],
+)
+def test_an_image_volume_path_that_is_not_plain_refuses_the_server(path: str) -> None:
+    with pytest.raises(McpStartFailed, match="must be an absolute path of plain names"):
+        image_volume_paths({"Volumes": {"/data": {}, path: {}}})
+
+
+def test_image_volume_paths_are_cleaned_as_the_engine_cleans_them_and_bounded() -> None:
+    assert image_volume_paths(None) == image_volume_paths({"Volumes": None}) == []
+    declared = {"/data": {}, "/cache/": {}, "//x//y": {}, "/data/": {}, "/v-1/.cache_2@+": {}}
+    assert image_volume_paths({"Volumes": declared}) == [
+        "/cache",
+        "/data",
+        "/v-1/.cache_2@+",
+        "/x/y",
+    ]
+    many = {f"/v{n}": {} for n in range(MAX_IMAGE_VOLUMES + 1)}
+    with pytest.raises(McpStartFailed, match=f"a server may have {MAX_IMAGE_VOLUMES}"):
+        image_volume_paths({"Volumes": many})
+
+
+def test_an_image_with_an_odd_volume_starts_nothing(
+    server_image: str, engine: Any, project: str, project_workspace: Path
+) -> None:
+    image = volume_image(engine, server_image, ["/odd,path"], tag=f"{VOLUME_IMAGE}-odd")
+    with pytest.raises(McpStartFailed, match="'/odd,path'"):
+        create_container(
+            engine, make_profile(image), labels={"project": project}, workspace=project_workspace
+        )
+    assert _server_containers(engine, project) == []
+
+
 def _call_in_child(
     root: str, runner_id: str, pinned: dict[str, Any], project: str, thread: str, workspace: str
 ) -> None:
@@ -453,11 +599,63 @@ def test_output_is_bounded_and_a_call_without_a_thread_leaves_nothing(
         workspace=project_workspace,
     )
     assert answer["truncated"] is True
-    assert sum(len(block["text"]) for block in answer["content"]) == MAX_OUTPUT_CHARS
+    # The text is cut so that the whole content, block and all, is MAX_OUTPUT_CHARS.
+    (block,) = answer["content"]
+    assert set(block["text"]) == {"x"} and len(block["text"]) > MAX_OUTPUT_CHARS - 100
+    assert len(canonical_json(answer["content"])) == MAX_OUTPUT_CHARS
     # The structured copy of the same text does not fit either: dropped, not cut.
     assert answer["structured_content"] is None
     assert _server_containers(engine, project) == []
     assert list(warm_root.glob("mcp-*")) == []
+
+
+def _text_blocks(count: int, text: str, **extra: Any) -> mcp_types.CallToolResult:
+    blocks = [mcp_types.TextContent(type="text", text=text, **extra) for _ in range(count)]
+    return mcp_types.CallToolResult(content=blocks)
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_text_blocks_meta_counts_against_the_output_bound() -> None:
+    """50 one-character texts, each with 100 KB of ``_meta``: only what fits is kept, whole,
+    and the result says it was cut (it was 5 MB marked not truncated)."""
+    meta = {"_meta": {"padding": "m" * 100_000}}
+    answer = bounded_result(SERVER, "meta", _text_blocks(50, "y", **meta))
+    assert answer["truncated"] is True
+    assert len(canonical_json(answer["content"])) <= MAX_OUTPUT_CHARS
+    assert answer["content"] and all(
+        block == {"type": "text", "text": "y", **meta} for block in answer["content"]
+    )
+    # The same with annotations, and a text cut to what its block leaves room for.
+    annotations = {"annotations": {"audience": ["user"], "priority": 0.5}}
+    meta = {"_meta": {"padding": "m" * 10_000}}
+    big = bounded_result(SERVER, "big", _text_blocks(3, "x" * 200_000, **annotations, **meta))
+    assert big["truncated"] is True
+    assert len(canonical_json(big["content"])) == MAX_OUTPUT_CHARS
+    first, second = big["content"]
+    assert first["text"] == "x" * 200_000 and first["annotations"] == annotations["annotations"]
+    assert 0 < len(second["text"]) < 200_000 and second["_meta"] == meta["_meta"]
+
+
+def test_ordinary_text_output_is_kept_or_cut_as_before() -> None:
+    small = bounded_result(SERVER, "echo", _text_blocks(3, "hello"))
+    assert small["truncated"] is False
+    assert small["content"] == [{"type": "text", "text": "hello"}] * 3
+    result = mcp_types.CallToolResult(
+        content=[mcp_types.TextContent(type="text", text="ok")], structuredContent={"n": 1}
+    )
+    assert bounded_result(SERVER, "t", result) == {
+        "server": SERVER,
+        "tool": "t",
+        "is_error": False,
+        "content": [{"type": "text", "text": "ok"}],
+        "structured_content": {"n": 1},
+        "truncated": False,
+    }
+    cut = bounded_result(SERVER, "big", _text_blocks(2, "x" * MAX_OUTPUT_CHARS))
+    assert cut["truncated"] is True
+    (block,) = cut["content"]
+    assert MAX_OUTPUT_CHARS - 100 < len(block["text"]) < MAX_OUTPUT_CHARS
+    assert len(canonical_json(cut["content"])) == MAX_OUTPUT_CHARS
 
 
 def test_a_missing_image_and_a_changed_profile_start_nothing(

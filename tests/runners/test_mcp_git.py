@@ -1,0 +1,179 @@
+"""The managed git server runs no program a repository's configuration names (by name).
+
+The workspace is the agent's to write, .git/config and .git/hooks included, and git runs
+programs some configuration keys name. The image (deploy/images/mcp-servers/git) turns off
+what can be turned off by name; these tests set every such trap in a real repository, show
+that the image's own git and GitPython spring them without that, and that the server,
+started and called by the runner's session code, springs none. Filter, diff and merge
+drivers, whose keys have names of the repository's choosing, are the documented residual
+(docs/runners.md, "Managed MCP server images").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import pytest
+
+from runners.contract.mcp import DEFAULT_LIMITS, MANAGED_SERVERS, tool_definition_digest
+from runners.mcp.session import call_pinned, list_tools, server_session
+from runners.sandbox.docker import LABEL_PREFIX
+from runners.workspace import workspace_for, workspace_owner
+
+pytestmark = [pytest.mark.docker, pytest.mark.spec("MCP-1")]
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+# Every hook git or GitPython runs for the server's tools used here.
+HOOKS = (
+    "pre-commit",
+    "commit-msg",
+    "post-commit",
+    "post-index-change",
+    "post-checkout",
+)
+# Run in the git image as the workspace's owner, in /workspace: a repository whose
+# configuration and hooks make each program it runs leave /workspace/marker-<what>.
+# "repo" has a staged change (for git_commit), a branch "other" (for git_checkout), the
+# hooks and core.fsmonitor; "lazy" is a partial clone missing a blob its modified file needs,
+# whose promisor remote is an ext:: command (for git_diff_unstaged).
+TRAPS = r"""
+set -eu
+cd /workspace
+git init -q repo
+cd repo
+echo one > a.txt
+git add a.txt
+git commit -qm one
+git branch other
+echo two >> a.txt
+git add a.txt
+for hook in $HOOKS; do
+  printf '#!/bin/sh\ntouch /workspace/marker-%s\n' "$hook" > .git/hooks/$hook
+  chmod 0755 .git/hooks/$hook
+done
+printf '#!/bin/sh\ntouch /workspace/marker-fsmonitor\n' > /workspace/fsmonitor.sh
+chmod 0755 /workspace/fsmonitor.sh
+git config core.fsmonitor /workspace/fsmonitor.sh
+cd /workspace
+git init -q lazy
+cd lazy
+echo one > b.txt
+git add b.txt
+git commit -qm one
+blob=$(git rev-parse HEAD:b.txt)
+rm -f .git/objects/$(echo "$blob" | cut -c1-2)/$(echo "$blob" | cut -c3-)
+git config core.repositoryformatversion 1
+git config extensions.partialClone origin
+git config remote.origin.promisor true
+git config remote.origin.url 'ext::sh -c touch% /workspace/marker-lazy-fetch'
+git config protocol.ext.allow always
+echo two >> b.txt
+"""
+# The same tools' work by the image's git and GitPython without the image's overrides.
+UNGUARDED = r"""
+git -C /workspace/repo status >/dev/null
+git -C /workspace/lazy diff >/dev/null 2>&1 || true
+git -C /workspace/repo checkout -q other
+/opt/mcp/bin/python -c 'import git; git.Repo("/workspace/repo").index.commit("c")'
+"""
+
+
+@pytest.fixture(scope="module")
+def git_image() -> str:
+    """The managed git image's id, (re)built by its script when out of date (quick if not)."""
+    built = subprocess.run(
+        ["bash", str(REPO / "deploy/images/mcp-servers/build.sh")],
+        env={**os.environ, "KESTREL_MCP_IMAGES": "git"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.fail(f"the git image does not build: {built.stderr[-2000:]}", pytrace=False)
+    client = docker.from_env()
+    try:
+        return str(client.images.get(MANAGED_SERVERS["git"]["image"]).id)
+    finally:
+        client.close()
+
+
+def in_git_image(
+    engine: Any, image: str, workspace: Path, script: str, project: str, *, guarded: bool = True
+) -> None:
+    """Run ``script`` with sh in the git image on ``workspace`` as its owner; ``guarded``
+    False without the image's git overrides."""
+    uid, gid = workspace_owner()
+    unguard = [] if guarded else ["env", "-u", "GIT_CONFIG_COUNT", "-u", "GIT_ALLOW_PROTOCOL"]
+    engine.containers.run(
+        image,
+        [*unguard, "sh", "-c", script],
+        entrypoint=[],
+        user=f"{uid}:{gid}",
+        environment={"HOOKS": " ".join(HOOKS)},
+        network_mode="none",
+        volumes={str(workspace): {"bind": "/workspace", "mode": "rw"}},
+        labels={f"{LABEL_PREFIX}project": project},
+        remove=True,
+    )
+
+
+def markers(workspace: Path) -> set[str]:
+    return {path.name.removeprefix("marker-") for path in workspace.glob("marker-*")}
+
+
+def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
+    git_image: str, engine: Any, workspace_root: Path, project: str
+) -> None:
+    # The traps are live: without the image's overrides, git and GitPython spring them.
+    control = workspace_for(workspace_root, f"{project}-control")
+    in_git_image(engine, git_image, control, TRAPS, project)
+    in_git_image(engine, git_image, control, UNGUARDED, project, guarded=False)
+    assert {"fsmonitor", "lazy-fetch", *HOOKS} <= markers(control)
+
+    workspace = workspace_for(workspace_root, project)
+    in_git_image(engine, git_image, workspace, TRAPS, project)
+    profile = {
+        "server": SERVER,
+        "reference": MANAGED_SERVERS["git"]["image"],
+        "image": git_image,
+        "command": list(MANAGED_SERVERS["git"]["command"]),
+        "workspace": MANAGED_SERVERS["git"]["workspace"],
+        "network": "none",
+        "risk_acceptance": None,
+        "limits": dict(DEFAULT_LIMITS),
+    }
+    calls = [
+        ("git_status", {"repo_path": "/workspace/repo"}),
+        ("git_diff_unstaged", {"repo_path": "/workspace/lazy"}),
+        ("git_commit", {"repo_path": "/workspace/repo", "message": "two"}),
+        ("git_checkout", {"repo_path": "/workspace/repo", "branch_name": "other"}),
+        ("git_status", {"repo_path": "/workspace/repo"}),
+    ]
+
+    async def through_the_session() -> list[dict[str, Any]]:
+        async with server_session(
+            engine, profile, labels={"project": project}, workspace=workspace
+        ) as (session, _init, _container):
+            tools = {tool["name"]: tool for tool in await list_tools(session, timeout_s=60)}
+            answers = []
+            for name, arguments in calls:
+                pinned = {"profile": profile, "tool_sha256": tool_definition_digest(tools[name])}
+                answers.append(await call_pinned(session, pinned, name, arguments, timeout_s=60))
+            return answers
+
+    status, lazy_diff, commit, checkout, status_after = anyio.run(through_the_session)
+    assert markers(workspace) == set()
+    texts = [answer["content"][0]["text"] for answer in (status, commit, checkout, status_after)]
+    assert not any(answer["is_error"] for answer in (status, commit, checkout, status_after)), texts
+    assert "a.txt" in texts[0]
+    assert texts[1].startswith("Changes committed successfully")
+    assert texts[2] == "Switched to branch 'other'"
+    # The missing blob is not fetched: no transport is allowed, so no command runs.
+    assert lazy_diff["is_error"] is True
+    assert "transport 'ext' not allowed" in lazy_diff["content"][0]["text"]
