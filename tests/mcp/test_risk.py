@@ -53,6 +53,18 @@ def network(client, server_id: str) -> dict:
     return client.get(f"{URL}/{server_id}").json()["network"]
 
 
+def deployer_token(world) -> str:
+    """An integration token that may change servers (``mcp:write``) but is no person."""
+    _, token = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="deployer",
+        scopes=["org:read", "mcp:write"],
+        integration=True,
+    )
+    return token
+
+
 @pytest.mark.parametrize("justification", [..., "", "   \n\t ", None, 7])
 def test_a_risk_acceptance_without_a_justification_is_refused(world, ready, justification):
     response = accept(world["admin"].client(), ready["id"], justification=justification)
@@ -110,13 +122,7 @@ def test_only_a_person_holding_actions_approve_accepts_the_risk(world, ready):
     did an admin's token minted by another token, the agent's kind. Both are refused; the
     admin's own token is not."""
     admin = world["admin"]
-    _, integration = token_create(
-        actor=system_principal("tests"),
-        organization=world.org,
-        name="deployer",
-        scopes=["org:read", "mcp:write"],
-        integration=True,
-    )
+    integration = deployer_token(world)
     _, minted = token_create(
         actor=Principal(PrincipalKind.TOKEN, user=admin.user, token=admin.token),
         organization=world.org,
@@ -248,13 +254,7 @@ def test_changing_the_server_back_does_not_revive_a_voided_acceptance(world, rea
     decision that had ended."""
     admin = world["admin"].client()
     acceptance = accept(admin, ready["id"]).json()
-    _, integration = token_create(
-        actor=system_principal("tests"),
-        organization=world.org,
-        name="deployer",
-        scopes=["org:read", "mcp:write"],
-        integration=True,
-    )
+    integration = deployer_token(world)
     deployer = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {integration}")
     limits = admin.get(f"{URL}/{ready['id']}").json()["limits"]
     for memory_mb in (limits["memory_mb"] * 2, limits["memory_mb"]):
