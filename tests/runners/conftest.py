@@ -96,7 +96,7 @@ def engine(docker_backend: DockerBackend, project: str) -> Iterator[docker.Docke
         all=True, filters={"label": f"{LABEL_PREFIX}project={project}"}
     )
     for container in leftovers:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # and any anonymous volume it had
     assert leftovers == [], f"containers left behind: {[c.name for c in leftovers]}"
 
 
