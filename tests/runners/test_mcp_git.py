@@ -1,12 +1,13 @@
-"""The managed git server runs no program a repository's configuration names (by name).
+"""The managed git server runs no program a repository's configuration names.
 
 The workspace is the agent's to write, .git/config and .git/hooks included, and git runs
 programs some configuration keys name. The image (deploy/images/mcp-servers/git) turns off
-what can be turned off by name; these tests set every such trap in a real repository, show
-that the image's own git and GitPython spring them without that, and that the server,
-started and called by the runner's session code, springs none. Filter, diff and merge
-drivers, whose keys have names of the repository's choosing, are the documented residual
-(docs/runners.md, "Managed MCP server images").
+what can be turned off by name (hooks, fsmonitor, transports) and its launcher runs git only
+in a repository whose configuration sets none but a short list of keys that name no program
+(so not filter, diff and merge drivers, whose names the repository chooses). These tests set
+every such trap in a real repository, show that the image's own git and GitPython spring
+them without those guards, and that the server, started and called by the runner's session
+code, springs none.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ HOOKS = (
     "post-index-change",
     "post-checkout",
 )
-# Run in the git image as the workspace's owner, in /workspace: a repository whose
-# configuration and hooks make each program it runs leave /workspace/marker-<what>.
-# "repo" has a staged change (for git_commit), a branch "other" (for git_checkout), the
-# hooks and core.fsmonitor; "lazy" is a partial clone missing a blob its modified file needs,
-# whose promisor remote is an ext:: command (for git_diff_unstaged).
+# Run in the git image as the workspace's owner, in /workspace: repositories whose
+# configuration and hooks make each program they run leave /workspace/marker-<what>.
+# "repo" has the hooks, a staged change (for git_commit) and a branch "other" (for
+# git_checkout), and no configuration of its own; "lazy" is a partial clone missing a blob
+# its modified file needs, whose promisor remote is an ext:: command; "drivers" has
+# core.fsmonitor, a filter and a diff driver for a.txt (.gitattributes), diff.external for
+# the rest, and an included file defining another filter, with a.txt and b.dat modified.
 TRAPS = r"""
 set -eu
 cd /workspace
@@ -57,9 +60,6 @@ for hook in $HOOKS; do
   printf '#!/bin/sh\ntouch /workspace/marker-%s\n' "$hook" > .git/hooks/$hook
   chmod 0755 .git/hooks/$hook
 done
-printf '#!/bin/sh\ntouch /workspace/marker-fsmonitor\n' > /workspace/fsmonitor.sh
-chmod 0755 /workspace/fsmonitor.sh
-git config core.fsmonitor /workspace/fsmonitor.sh
 cd /workspace
 git init -q lazy
 cd lazy
@@ -74,9 +74,35 @@ git config remote.origin.promisor true
 git config remote.origin.url 'ext::sh -c touch% /workspace/marker-lazy-fetch'
 git config protocol.ext.allow always
 echo two >> b.txt
+cd /workspace
+git init -q drivers
+cd drivers
+echo 'a.txt filter=trap diff=trap' > .gitattributes
+echo one > a.txt
+echo one > b.dat
+git add .gitattributes a.txt b.dat
+git commit -qm one
+printf '#!/bin/sh\ntouch /workspace/marker-fsmonitor\n' > /workspace/fsmonitor.sh
+chmod 0755 /workspace/fsmonitor.sh
+git config core.fsmonitor /workspace/fsmonitor.sh
+git config filter.trap.clean 'touch /workspace/marker-filter; cat'
+git config filter.trap.smudge 'touch /workspace/marker-filter; cat'
+git config diff.trap.command 'touch /workspace/marker-diff-command #'
+git config diff.external 'touch /workspace/marker-diff-external #'
+printf '[filter "included"]\n\tclean = touch /workspace/marker-included\n' > /workspace/extra.cfg
+git config include.path /workspace/extra.cfg
+echo two >> a.txt
+echo two >> b.dat
 """
-# The same tools' work by the image's git and GitPython without the image's overrides.
+# What the git image's own git springs with its environment's overrides: the drivers.
+GUARDED = r"""
+git -C /workspace/drivers status >/dev/null
+git -C /workspace/drivers diff >/dev/null
+git -C /workspace/lazy diff >/dev/null 2>&1 || true
+"""
+# The tools' work by the image's git and GitPython without the image's overrides.
 UNGUARDED = r"""
+git -C /workspace/drivers status >/dev/null
 git -C /workspace/repo status >/dev/null
 git -C /workspace/lazy diff >/dev/null 2>&1 || true
 git -C /workspace/repo checkout -q other
@@ -130,7 +156,13 @@ def markers(workspace: Path) -> set[str]:
 def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
     git_image: str, engine: Any, workspace_root: Path, project: str
 ) -> None:
-    # The traps are live: without the image's overrides, git and GitPython spring them.
+    # The traps are live. With the image's environment, git still springs the drivers, whose
+    # names no override can know; without it, it also springs fsmonitor, the lazy fetch and
+    # the hooks, and GitPython the commit hooks.
+    guarded = workspace_for(workspace_root, f"{project}-guarded")
+    in_git_image(engine, git_image, guarded, TRAPS, project)
+    in_git_image(engine, git_image, guarded, GUARDED, project)
+    assert markers(guarded) == {"filter", "diff-command", "diff-external"}
     control = workspace_for(workspace_root, f"{project}-control")
     in_git_image(engine, git_image, control, TRAPS, project)
     in_git_image(engine, git_image, control, UNGUARDED, project, guarded=False)
@@ -150,10 +182,14 @@ def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
     }
     calls = [
         ("git_status", {"repo_path": "/workspace/repo"}),
-        ("git_diff_unstaged", {"repo_path": "/workspace/lazy"}),
         ("git_commit", {"repo_path": "/workspace/repo", "message": "two"}),
         ("git_checkout", {"repo_path": "/workspace/repo", "branch_name": "other"}),
         ("git_status", {"repo_path": "/workspace/repo"}),
+        ("git_diff_unstaged", {"repo_path": "/workspace/lazy"}),
+        ("git_status", {"repo_path": "/workspace/drivers"}),
+        ("git_diff_unstaged", {"repo_path": "/workspace/drivers"}),
+        ("git_add", {"repo_path": "/workspace/drivers", "files": ["a.txt"]}),
+        ("git_checkout", {"repo_path": "/workspace/drivers", "branch_name": "main"}),
     ]
 
     async def through_the_session() -> list[dict[str, Any]]:
@@ -167,13 +203,26 @@ def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
                 answers.append(await call_pinned(session, pinned, name, arguments, timeout_s=60))
             return answers
 
-    status, lazy_diff, commit, checkout, status_after = anyio.run(through_the_session)
+    answers = anyio.run(through_the_session)
     assert markers(workspace) == set()
-    texts = [answer["content"][0]["text"] for answer in (status, commit, checkout, status_after)]
-    assert not any(answer["is_error"] for answer in (status, commit, checkout, status_after)), texts
+    texts = [answer["content"][0]["text"] for answer in answers]
+    # A repository without configuration of its own: every tool works, and runs no hook.
+    assert not any(answer["is_error"] for answer in answers[:4]), texts[:4]
     assert "a.txt" in texts[0]
     assert texts[1].startswith("Changes committed successfully")
     assert texts[2] == "Switched to branch 'other'"
-    # The missing blob is not fetched: no transport is allowed, so no command runs.
-    assert lazy_diff["is_error"] is True
-    assert "transport 'ext' not allowed" in lazy_diff["content"][0]["text"]
+    # A repository that names programs, or fetches: git does not run in it at all, and the
+    # refusal names the keys (those of an included file as well) and what to do.
+    lazy, *drivers = answers[4:]
+    assert lazy["is_error"] is True
+    assert "extensions.partialclone" in texts[4]
+    assert "protocol.ext.allow" in texts[4]
+    for answer, text in zip(drivers, texts[5:], strict=True):
+        assert answer["is_error"] is True, text
+        assert (
+            "sets core.fsmonitor, filter.trap.clean, filter.trap.smudge, diff.trap.command, "
+            "diff.external, include.path, filter.included.clean, which"
+        ) in text
+        assert "Remove those keys from .git/config" in text
+    # Nothing was staged or checked out in the refused repository.
+    assert (workspace / "drivers" / "a.txt").read_text() == "one\ntwo\n"
