@@ -42,7 +42,8 @@ SCOPES: dict[str, str] = {
     "credentials:write": "Create, rotate and revoke the organization's credentials.",
     "connections:write": "Create, see and revoke your own App connections (nobody else's).",
     "mcp:write": "Install, change and remove MCP servers, review their tools, author their "
-    "egress and accept their network risk.",
+    "egress and accept their network risk (accepting a tool's new definition or a network "
+    "risk, and unmarking a dangerous tool, also take a person with actions:approve).",
 }
 
 # Scopes over what belongs to the whole organization, not to a project: its audit log,

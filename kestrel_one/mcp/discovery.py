@@ -279,15 +279,13 @@ def _observe_existing(tool: McpTool, listed, now) -> str | None:
             # Usable now: a definition nobody reviewed, so it waits like a new tool.
             tool.state = McpTool.State.NEW
             tool.unusable_reason = ""
-            tool.pending_definition, tool.pending_sha256 = definition, sha
-            tool.pending_flags, tool.pending_seen_at = flags, now
+            _pending(tool, definition, sha, flags, reason, now)
             return "changed"
         return None
     if tool.state == McpTool.State.NEW:
         if sha == tool.pending_sha256:
             return None
-        tool.pending_definition, tool.pending_sha256 = definition, sha
-        tool.pending_flags, tool.pending_seen_at = flags, now
+        _pending(tool, definition, sha, flags, reason, now)
         return "changed"
     if sha == tool.definition_sha256:
         if tool.state == McpTool.State.ENABLED:
@@ -296,15 +294,23 @@ def _observe_existing(tool: McpTool, listed, now) -> str | None:
         tool.state = McpTool.State.ENABLED
         tool.pending_definition, tool.pending_sha256 = None, ""
         tool.pending_flags, tool.pending_seen_at = [], None
+        tool.pending_unusable_reason = ""
         return "reverted"
     if tool.state == McpTool.State.CHANGED and sha == tool.pending_sha256:
         return None
     tool.state = McpTool.State.CHANGED
-    tool.pending_definition, tool.pending_sha256 = definition, sha
-    # Flags of an unusable pending definition name why it cannot be accepted as it is.
-    tool.pending_flags = flags + ([f"unusable: {reason[:200]}"] if reason else [])
-    tool.pending_seen_at = now
+    _pending(tool, definition, sha, flags, reason, now)
     return "changed"
+
+
+def _pending(tool: McpTool, definition: dict, sha: str, flags, reason: str | None, now) -> None:
+    """Set ``tool``'s pending definition (not saved). An unusable one keeps its reason, which
+    accepting it records (a definition over the bounds is stored by name only, so the reason
+    could not be found again from what is stored), and a flag that names it for the admin."""
+    tool.pending_definition, tool.pending_sha256 = definition, sha
+    tool.pending_flags = flags + ([f"unusable: {reason[:200]}"] if reason else [])
+    tool.pending_unusable_reason = (reason or "")[:500]
+    tool.pending_seen_at = now
 
 
 _UPDATED_FIELDS = [
@@ -314,6 +320,7 @@ _UPDATED_FIELDS = [
     "pending_sha256",
     "pending_flags",
     "pending_seen_at",
+    "pending_unusable_reason",
 ]
 
 

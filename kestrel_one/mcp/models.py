@@ -149,6 +149,10 @@ class McpTool(models.Model):
     pending_sha256 = models.CharField(max_length=64, blank=True)
     pending_flags = models.JSONField(default=list)
     pending_seen_at = models.DateTimeField(null=True, blank=True)
+    # Why the pending definition cannot be called, when it cannot (as for ``unusable_reason``):
+    # one over the size bounds is stored by name only, so the reason cannot be found again from
+    # what is stored, and accepting it records the tool unusable.
+    pending_unusable_reason = models.CharField(max_length=500, blank=True)
     recorded_at = models.DateTimeField(default=timezone.now)
     reviewed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

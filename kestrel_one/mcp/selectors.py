@@ -115,6 +115,7 @@ def tool_body(tool: McpTool) -> dict:
             "definition": tool.pending_definition,
             "sha256": tool.pending_sha256,
             "flags": list(tool.pending_flags),
+            "unusable_reason": tool.pending_unusable_reason or None,
             "seen_at": tool.pending_seen_at,
             "diff": _diff(definition, tool.pending_definition),
         }

@@ -14,7 +14,6 @@ is ``profiles.server_profile``, under a risk acceptance in force only.
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
@@ -23,13 +22,12 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import Conflict, ValidationFailed, echo
 from kestrel_one.execution.approvals import require_person
 from kestrel_one.execution.control import mcp_risk_end_notice
-from kestrel_one.mcp.discovery import discovery_start
+from kestrel_one.mcp.discovery import discovery_start, tool_unusable_reason
 from kestrel_one.mcp.egress import egress_parse
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
 from kestrel_one.mcp.profiles import base_profile_sha256, egress_status, risk_acceptance_covers
@@ -37,11 +35,8 @@ from runners.contract.mcp import (
     DEFAULT_LIMITS,
     IMAGE_ID,
     MANAGED_SERVERS,
-    MAX_DESCRIPTION_CHARS,
-    MAX_SCHEMA_BYTES,
     PROFILE_SCHEMA,
     SERVER_NAME,
-    TOOL_NAME,
     WORKSPACE_MOUNTS,
 )
 
@@ -517,24 +512,6 @@ def mcp_server_remove(*, actor, server: McpServer) -> McpServer:
 # Tools --------------------------------------------------------------------------------------
 
 
-def _unusable_reason(definition: dict) -> str:
-    """Why a definition cannot be called even once accepted ('' when it can)."""
-    name = definition.get("name")
-    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        return "its name is not one a policy can name"
-    description = definition.get("description")
-    if isinstance(description, str) and len(description) > MAX_DESCRIPTION_CHARS:
-        return f"its description is over {MAX_DESCRIPTION_CHARS} characters"
-    schema = definition.get("inputSchema", {"type": "object"})
-    if len(json.dumps(schema).encode()) > MAX_SCHEMA_BYTES:
-        return f"its input schema is over {MAX_SCHEMA_BYTES} bytes"
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError:
-        return "its input schema is not a valid JSON Schema"
-    return ""
-
-
 @transaction.atomic
 def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = None) -> McpTool:
     """An admin's decision on a changed or new definition: accepting adopts it (the tool is
@@ -542,9 +519,21 @@ def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = N
 
     Accepting names the definition reviewed (``sha256``, the pending one's digest as shown):
     the server may list another one between the admin's reading and the decision (a refresh,
-    a call's report), and only what a person read may be adopted."""
+    a call's report), and only what a person read may be adopted.
+
+    Accepting is a decision like an approval (``require_person``): a definition is untrusted
+    text, which may be written to talk an agent into adopting it, so no integration token,
+    local agent or token minted by a token accepts one, even holding ``mcp:write``. Refusing
+    keeps the tool off, which anyone who may change servers may do."""
     if not isinstance(accept, bool):
         _refuse("accept", "must be true (adopt the pending definition) or false (keep it off)")
+    if accept:
+        require_person(
+            actor,
+            organization=tool.server.organization,
+            act="accept",
+            what="an MCP tool's new definition",
+        )
     if accept and not sha256:
         _refuse(
             "sha256",
@@ -574,7 +563,10 @@ def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = N
         tool.pending_flags = []
         tool.pending_seen_at = None
         tool.recorded_at = now
-        tool.unusable_reason = _unusable_reason(tool.definition)
+        tool.unusable_reason = tool.pending_unusable_reason or (
+            tool_unusable_reason(tool.definition) or ""
+        )
+        tool.pending_unusable_reason = ""
         tool.state = McpTool.State.UNUSABLE if tool.unusable_reason else McpTool.State.ENABLED
     tool.reviewed_by = _user(actor)
     tool.reviewed_at = now
@@ -592,9 +584,19 @@ def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = N
 @transaction.atomic
 def mcp_tool_mark(*, actor, tool: McpTool, dangerous: Any) -> McpTool:
     """An admin's marking: ``true`` makes the tool need the policy's dangerous opt-in
-    whatever its annotations say; ``false`` removes only that marking (POL-8)."""
+    whatever its annotations say; ``false`` removes only that marking (POL-8).
+
+    Removing it lets a policy without the opt-in call the tool: a widening, so only a person
+    may (``require_person``). Marking a tool dangerous only narrows."""
     if not isinstance(dangerous, bool):
         _refuse("dangerous", "must be true or false")
+    if not dangerous:
+        require_person(
+            actor,
+            organization=tool.server.organization,
+            act="remove",
+            what="an MCP tool's dangerous marking",
+        )
     tool = McpTool.objects.select_for_update().select_related("server").get(pk=tool.pk)
     _locked_installed(tool.server)
     previous = tool.marked_dangerous

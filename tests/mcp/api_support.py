@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.services import token_create
 from kestrel_one.mcp.models import McpServer, McpTool
 from runners.contract.mcp import tool_definition, tool_definition_digest
 
@@ -46,6 +48,18 @@ def discovered(server_id: str, *tools: dict, image_id: str | None = None) -> Mcp
             definition_sha256=tool_definition_digest(listed),
         )
     return server
+
+
+def deployer_token(world) -> str:
+    """An integration token that may change servers (``mcp:write``) but is no person."""
+    _, token = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="deployer",
+        scopes=["org:read", "mcp:write"],
+        integration=True,
+    )
+    return token
 
 
 ECHO = {

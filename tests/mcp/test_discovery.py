@@ -14,7 +14,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from kestrel_one.accounts.principal import system_principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.enrollment import call_pool_for, runner_enroll, runner_revoke
 from kestrel_one.execution.keys import control_public_key_pem
@@ -24,8 +24,10 @@ from kestrel_one.mcp.discovery import (
     discovery_start,
     mcp_sweep,
     tool_unusable_reason,
+    tools_observe,
 )
 from kestrel_one.mcp.models import McpDiscovery, McpRiskAcceptance, McpServer, McpTool
+from kestrel_one.mcp.services import mcp_tool_review
 from kestrel_one.mcp.tasks import mcp_discovered
 from runners.contract.mcp import DEFAULT_LIMITS, MANAGED_SERVERS, tool_definition_digest
 from runners.contract.mcp_discovery import sign_discovery_report, verify_discovery_request
@@ -346,6 +348,56 @@ def test_tools_first_listed_after_an_empty_first_discovery_wait_for_review(
     assert later.summary["added"] == ["append_note", "echo"]
     for tool in server.tools.all():
         assert tool.state == McpTool.State.NEW and tool.definition_sha256 == ""
+
+
+@pytest.mark.spec("MCP-1")
+def test_accepting_a_definition_that_cannot_be_called_records_the_tool_unusable(
+    world, started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """Accepting checked the pending definition with a narrower test of its own than the
+    discovery's: an input schema that is not an object, or an invalid output schema, was
+    enabled. And a definition over the size bounds is stored by its name only (with the
+    digest of the whole), so accepting one checked only that stand-in, which passed: the
+    tool was enabled, its arguments checked against no schema, and its pin matched the
+    server, so a definition nobody could read was callable. The discovery's reason now stays
+    with the pending definition, and accepting records such a tool unusable."""
+    server, discovery, _ = started
+    discovery_ingest(report(discovery, runner, runner_key, tools=[ECHO]))
+    capture = django_capture_on_commit_callbacks
+    brand_new = {"name": "brand_new", "inputSchema": {"type": "object"}}
+    refresh(server, runner, runner_key, sent, capture, [ECHO, brand_new])
+    # The enabled echo and the pending new tool both change to definitions that cannot be
+    # called: through a discovery's report, and (over the bounds, which a runner's report
+    # refuses before it is signed) as the control plane records any report's observations.
+    not_object = {**ECHO, "inputSchema": {"type": "string"}}
+    bad_output = {**brand_new, "outputSchema": {"type": "object", "properties": 5}}
+    later = refresh(server, runner, runner_key, sent, capture, [not_object, bad_output])
+    assert later.summary["changed"] == ["brand_new", "echo"]
+    person = Principal(PrincipalKind.TOKEN, user=world["admin"].user, token=world["admin"].token)
+
+    def accept_pending(name: str) -> McpTool:
+        tool = McpTool.objects.get(server=server, name=name)
+        return mcp_tool_review(actor=person, tool=tool, accept=True, sha256=tool.pending_sha256)
+
+    for name, why in (("echo", "does not describe an object"), ("brand_new", "outputSchema")):
+        accepted = accept_pending(name)
+        assert accepted.state == McpTool.State.UNUSABLE, name
+        assert why in accepted.unusable_reason
+
+    huge = "Echo. " + "x" * (16 * 1024)
+    over = {**ECHO, "name": "grows", "description": huge}
+    refresh(server, runner, runner_key, sent, capture, [{**over, "description": "Echo."}])
+    with transaction.atomic():
+        assert tools_observe(server, {"grows": over}, now=timezone.now()) == {"grows": "changed"}
+    grows = McpTool.objects.get(server=server, name="grows")
+    assert grows.state == McpTool.State.NEW
+    assert grows.pending_definition == {"name": "grows"}  # by name only
+    assert grows.pending_sha256 == tool_definition_digest(over)
+    assert "description is over" in grows.pending_unusable_reason
+    accepted = accept_pending("grows")
+    assert accepted.state == McpTool.State.UNUSABLE
+    assert "description is over" in accepted.unusable_reason
+    assert accepted.pending_unusable_reason == ""
 
 
 def test_a_failed_first_discovery_fails_the_server(started, runner, runner_key):

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.services import token_create
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.keys import control_private_key
@@ -22,7 +22,7 @@ from kestrel_one.mcp.profiles import base_profile_sha256, server_profile
 from runners.contract.mcp import base_profile, profile_digest
 from runners.contract.names import control_exchange
 from runners.contract.tokens import public_key_pem, verify_control_message
-from tests.mcp.api_support import ECHO, URL, discovered, installed
+from tests.mcp.api_support import ECHO, URL, deployer_token, discovered, installed
 from tests.mcp.test_calls import Mcp, mcp_policy
 
 pytestmark = pytest.mark.spec("MCP-4")
@@ -51,18 +51,6 @@ def accept(client, server_id: str, **fields):
 
 def network(client, server_id: str) -> dict:
     return client.get(f"{URL}/{server_id}").json()["network"]
-
-
-def deployer_token(world) -> str:
-    """An integration token that may change servers (``mcp:write``) but is no person."""
-    _, token = token_create(
-        actor=system_principal("tests"),
-        organization=world.org,
-        name="deployer",
-        scopes=["org:read", "mcp:write"],
-        integration=True,
-    )
-    return token
 
 
 @pytest.mark.parametrize("justification", [..., "", "   \n\t ", None, 7])
