@@ -82,6 +82,12 @@ ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExcep
 MAX_IMAGE_VOLUMES = 32
 _VOLUME_COMPONENT = re.compile(r"[A-Za-z0-9._@+-]{1,255}")
 _KERNEL_TREES = ("proc", "sys", "dev")
+# The labels of the runner's prefix that Kestrel's own image builds write (deploy/images:
+# the build's inputs and stage, the image's name, the adapter client's digest), which the
+# runner never reads from a container. Any other an image carries refuses the server.
+IMAGE_BUILD_LABELS = frozenset(
+    f"{LABEL_PREFIX}{name}" for name in ("build-inputs", "build-stage", "image", "adapter-client")
+)
 
 
 def image_volume_paths(image_config: Mapping[str, Any] | None) -> list[str]:
@@ -118,6 +124,32 @@ def image_volume_paths(image_config: Mapping[str, Any] | None) -> list[str]:
             raise refused
         paths.add("/" + "/".join(parts))
     return sorted(paths)
+
+
+def check_image_labels(image_config: Mapping[str, Any] | None) -> None:
+    """``McpStartFailed`` if the image carries a label of the runner's own (``io.kestrel.``)
+    other than those Kestrel's image builds write (``IMAGE_BUILD_LABELS``).
+
+    The engine copies an image's labels onto every container made from it, except the keys
+    the create call sets. The runner finds, adopts and cleans up its containers by those
+    labels (a warm sandbox's ``warm`` and ``agent-dir``, ``mcp-warm``, ``call``, ...), and
+    acts on the host paths they name, as root when it runs as root: an image must not be able
+    to claim any of them."""
+    declared = (image_config or {}).get("Labels") or {}
+    if not isinstance(declared, Mapping):
+        raise McpStartFailed("the image's labels are not a map of names")
+    claimed = sorted(
+        str(name)[:100]
+        for name in declared
+        if str(name).startswith(LABEL_PREFIX) and name not in IMAGE_BUILD_LABELS
+    )
+    if claimed:
+        raise McpStartFailed(
+            f"the image carries the label{'s' if len(claimed) > 1 else ''} "
+            f"{', '.join(claimed[:5])}{', ...' if len(claimed) > 5 else ''}: names under "
+            f"{LABEL_PREFIX} are the runner's own, for its containers; rebuild the image "
+            "without them"
+        )
 
 
 def container_options(
@@ -208,6 +240,7 @@ def create_container(
         ) from None
     except ENGINE_ERRORS as error:
         raise McpUnavailable(f"docker: no engine answers ({error})") from None
+    check_image_labels(image.attrs.get("Config"))
     volumes = image_volume_paths(image.attrs.get("Config"))
     network = "none"
     if profile["network"] == "bridge":

@@ -93,12 +93,24 @@ def make_agent_dir(root: Path) -> Path:
 
 
 def agent_dir_of(container: Any) -> Path | None:
-    """The host-side directory a warm container's label names, if it is one of ours."""
+    """The host-side directory a warm container's label names, if it is one of ours: a
+    directory (not a link) of this user's, directly in ``agent_root_directory()``.
+
+    A label is only a claim (an image's own labels reach its containers, and the runner
+    writes, links and removes inside this directory), so the path is checked on the host."""
     attrs = container.attrs  # a listed (sparse) container has its labels at the top
     labels = attrs.get("Labels") or (attrs.get("Config") or {}).get("Labels") or {}
     label = labels.get(AGENT_DIR_LABEL, "")
     path = Path(label)
     if not path.is_absolute() or not _AGENT_DIR_NAME.fullmatch(path.name):
+        return None
+    try:
+        if path.parent != agent_root_directory():
+            return None
+        info = os.lstat(path)
+    except (OSError, SandboxUnavailable):
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         return None
     return path
 

@@ -25,7 +25,7 @@ SERVERS_DIR = Path(__file__).resolve().parent / "servers"
 # The base of custom servers: not a managed server itself (nothing installs it by name).
 PYTHON_IMAGE = "kestrel/mcp-python:latest"
 CUSTOM_REPOSITORY = "kestrel-test/mcp-custom"
-TEST_LABEL = "io.kestrel.test"
+TEST_LABEL = "io.kestrel-test"
 
 
 def _docker() -> docker.DockerClient:

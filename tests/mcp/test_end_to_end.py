@@ -370,7 +370,7 @@ def reachable_from_plain_bridge(port: int) -> bool:
             ["python3", "-c", _CONNECT_TO_GATEWAY, str(port)],
             network_mode="bridge",
             remove=True,
-            labels={"io.kestrel.test": "mcp-bridge-contrast"},
+            labels={"io.kestrel-test": "mcp-bridge-contrast"},
         )
         return b"connected" in output
     except docker.errors.ContainerError:

@@ -12,6 +12,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -56,6 +57,7 @@ from runners.mcp.session import (
     MCP_LABEL,
     STDERR_TAIL_CHARS,
     bounded_result,
+    check_image_labels,
     create_container,
     image_volume_paths,
     list_tools,
@@ -305,7 +307,7 @@ def volume_image(client: Any, base: str, volumes: list[str], tag: str = VOLUME_I
     image, _logs = client.images.build(
         fileobj=io.BytesIO(dockerfile.encode()),
         tag=tag,
-        labels={"io.kestrel.test": "h1-volumes"},
+        labels={"io.kestrel-test": "h1-volumes"},
         rm=True,
     )
     return str(image.id)
@@ -427,6 +429,41 @@ def test_an_image_with_an_odd_volume_starts_nothing(
             engine, make_profile(image), labels={"project": project}, workspace=project_workspace
         )
     assert _server_containers(engine, project) == []
+
+
+@pytest.mark.spec("MCP-1", "RUN-3")
+def test_an_image_claiming_the_runners_labels_starts_nothing(
+    server_image: str, engine: Any, project: str, project_workspace: Path
+) -> None:
+    """The engine copies an image's labels onto its containers. A custom image labelled as a
+    warm sandbox (``warm``, ``agent-dir`` naming a host path) had its server container adopted
+    by the thread's next ``shell.exec``, whose runner then wrote, linked and removed at the
+    path the image chose, as root. No label of the runner's prefix but the image builds' own
+    reaches a server now."""
+    forged = {
+        "io.kestrel.warm": "true",
+        "io.kestrel.agent-dir": f"{project_workspace}/warm-{'0' * 24}",
+    }
+    image, _logs = engine.images.build(
+        fileobj=io.BytesIO(f"FROM {server_image}\n".encode()),
+        tag=f"{VOLUME_IMAGE}-labels",
+        labels={"io.kestrel-test": "h1-labels", **forged},
+        rm=True,
+    )
+    assert forged.items() <= image.attrs["Config"]["Labels"].items()
+    claimed = re.escape("io.kestrel.agent-dir, io.kestrel.warm: names under")
+    with pytest.raises(McpStartFailed, match=claimed):
+        create_container(
+            engine,
+            make_profile(str(image.id)),
+            labels={"project": project},
+            workspace=project_workspace,
+        )
+    assert _server_containers(engine, project) == []
+    # The labels of Kestrel's own image builds, which the runner never reads, are no claim.
+    check_image_labels(engine.images.get(server_image).attrs["Config"])
+    check_image_labels({"Labels": {"io.kestrel.image": "mcp-time", "org.example": "x"}})
+    check_image_labels({"Labels": None})
 
 
 def _call_in_child(

@@ -16,6 +16,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -682,6 +684,35 @@ def test_a_socket_that_is_not_the_containers_agent_is_never_used(
     assert not (workspace / "never.txt").exists()
     assert warm.warm_containers() == {}
     assert warm_ids(engine, project) == set()
+
+
+@pytest.mark.spec("RUN-3")
+def test_a_containers_agent_dir_label_is_only_a_claim(
+    warm, engine, workspace, project, runner_id, tmp_path
+):
+    """The runner writes, links and removes in the directory a warm container's label names,
+    and an image's labels reach its containers. A label naming anything but a directory of the
+    runner's own, directly in its agent root, names no directory."""
+    shell(warm, workspace, project, "thr_a", runner_id, "true")
+    sandbox = sandbox_of(warm, project, "thr_a")
+    container = engine.containers.get(sandbox.container_id)
+    assert warm_host.agent_dir_of(container) == sandbox.agent_dir  # its own: found
+
+    def claiming(path: Path) -> Any:
+        return SimpleNamespace(attrs={"Labels": {warm_host.AGENT_DIR_LABEL: str(path)}})
+
+    elsewhere = tmp_path / f"warm-{'0' * 24}"
+    elsewhere.mkdir()
+    linked = sandbox.agent_dir.parent / f"warm-{'1' * 24}"
+    linked.symlink_to(elsewhere)
+    a_file = sandbox.agent_dir.parent / f"warm-{'2' * 24}"
+    a_file.write_text("")
+    try:
+        for path in (elsewhere, linked, a_file, sandbox.agent_dir.parent / f"warm-{'3' * 24}"):
+            assert warm_host.agent_dir_of(claiming(path)) is None, path
+    finally:
+        linked.unlink()
+        a_file.unlink()
 
 
 def test_the_agent_runs_nothing_without_a_probe_that_passes(warm, workspace, project, runner_id):

@@ -18,7 +18,7 @@ from typing import Any
 import docker.errors
 
 IMAGE = "kestrel-test/h1-mcp:latest"
-SOURCE_LABEL = "io.kestrel.test.h1-mcp-source"
+SOURCE_LABEL = "io.kestrel-test.h1-mcp-source"
 HERE = Path(__file__).parent
 SDK = "mcp==2.3.0"
 
@@ -67,7 +67,7 @@ def build_server_image(client: Any) -> str:
         image, _logs = client.images.build(
             path=str(context),
             tag=IMAGE,
-            labels={SOURCE_LABEL: source, "io.kestrel.test": "h1"},
+            labels={SOURCE_LABEL: source, "io.kestrel-test": "h1"},
             rm=True,
         )
         return str(image.id)
