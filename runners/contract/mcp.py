@@ -75,7 +75,7 @@ _LIMITS_SCHEMA = {
     "additionalProperties": False,
     "properties": {
         "memory_mb": {"type": "integer", "minimum": 32, "maximum": 65536},
-        "cpus": {"type": "number", "exclusiveMinimum": 0, "maximum": 64},
+        "cpus": {"type": "number", "minimum": 0.01, "maximum": 64},  # the engine's least
         "pids": {"type": "integer", "minimum": 8, "maximum": 4096},
         "tmp_mb": {"type": "integer", "minimum": 1, "maximum": 4096},
     },

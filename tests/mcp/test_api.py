@@ -194,6 +194,10 @@ def test_limits_are_merged_over_the_defaults_within_the_profile_bounds(world):
     changed = admin.patch(f"{URL}/{body['id']}", {"limits": {"cpus": 0.5}}, format="json")
     assert changed.status_code == 200, changed.content
     assert changed.json()["limits"] == {**DEFAULT_LIMITS, "memory_mb": 256, "cpus": 0.5}
+    # A share of a CPU so small it is 0 nano-CPUs would be no limit at all to the engine.
+    for cpus in (1e-12, 0.009, 0):
+        tiny = admin.patch(f"{URL}/{body['id']}", {"limits": {"cpus": cpus}}, format="json")
+        assert_refused(tiny, "limits.cpus", "0.01")
 
 
 def test_command_and_workspace_are_checked_at_their_paths(world):
