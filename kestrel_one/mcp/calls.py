@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 
 from kestrel_one.accounts.principal import runner_principal
 from kestrel_one.audit.services import audit_record
@@ -32,6 +31,7 @@ from kestrel_one.common.errors import ValidationFailed, echo
 from kestrel_one.mcp.discovery import tools_observe
 from kestrel_one.mcp.models import McpServer, McpTool
 from kestrel_one.mcp.profiles import server_profile
+from kestrel_one.mcp.schema_check import CHECK_TIMEOUT_SECONDS, SchemaCheckFailed, argument_errors
 from runners.contract.mcp import profile_digest
 
 logger = logging.getLogger(__name__)
@@ -139,40 +139,39 @@ def _tool(server: McpServer, name: str) -> McpTool:
     return tool
 
 
-def _argument_field(error) -> str:
-    path = "".join(
-        f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path
-    )
-    if error.validator == "required" and isinstance(error.instance, Mapping):
-        missing = [name for name in error.validator_value or () if name not in error.instance]
-        if missing:
-            path += f".{missing[0]}"
-    return f"args.arguments{path}"
-
-
 def arguments_check(tool: McpTool, arguments: dict[str, Any]) -> None:
     """``arguments`` against the tool's recorded input schema (JSON Schema 2020-12), every
-    error at its field (``args.arguments.<field>``). A schema that cannot be used (it was
-    checked when recorded; a reference to elsewhere resolves to nothing) refuses the call."""
+    error at its field (``args.arguments.<field>``), within a time bound (``schema_check``:
+    the schema is the server's, and some cost more than any size bound limits). A schema that
+    cannot be used (it was checked when recorded; a reference to elsewhere resolves to
+    nothing), or a check that takes too long, refuses the call."""
     try:
-        validator = Draft202012Validator(tool.input_schema)
-        errors = sorted(
-            validator.iter_errors(arguments), key=lambda error: list(map(str, error.path))
-        )
-    except Exception as error:  # a bad schema, an unresolvable reference: no common base
-        logger.warning("recorded schema of %s unusable: %s", tool, type(error).__name__)
+        errors = argument_errors(tool.input_schema, arguments, limit=MAX_ARGUMENT_ERRORS)
+    except SchemaCheckFailed as failed:
+        if failed.reason == "timeout":
+            logger.warning("checking arguments against the schema of %s timed out", tool)
+            raise McpCallInvalid(
+                "invalid_mcp_arguments",
+                f"Checking these arguments against tool {tool.name}'s recorded input schema "
+                f"took longer than {CHECK_TIMEOUT_SECONDS:g} s, so they are refused: send "
+                "smaller arguments, or have an admin look at the schema (a pattern that "
+                "backtracks, uniqueItems over many objects).",
+                field="args.arguments",
+                reason="the check took too long",
+            ) from None
+        logger.warning("recorded schema of %s unusable: %s", tool, failed.detail)
         raise McpCallInvalid(
             "invalid_mcp_arguments",
             f"Tool {tool.name}'s recorded input schema cannot check these arguments "
-            f"({type(error).__name__}); an admin must refresh the server.",
+            f"({failed.detail}); an admin must refresh the server.",
             field="args.arguments",
             reason="the recorded schema cannot be used",
         ) from None
     if not errors:
         return
     details: dict[str, list[str]] = {}
-    for error in errors[:MAX_ARGUMENT_ERRORS]:
-        details.setdefault(_argument_field(error), []).append(echo(error.message))
+    for field, message in errors:
+        details.setdefault(field, []).append(echo(message))
     first = next(iter(details))
     refusal = McpCallInvalid(
         "invalid_mcp_arguments",

@@ -21,6 +21,7 @@ from kestrel_one.execution.services import action_dispatch, action_request, repo
 from kestrel_one.governance.services import policy_publish_environment
 from kestrel_one.mcp.calls import pinned_of
 from kestrel_one.mcp.models import McpServer, McpTool
+from kestrel_one.mcp.schema_check import CHECK_TIMEOUT_SECONDS
 from kestrel_one.threads.services import thread_create
 from policies import parse_policy
 from runners.contract.mcp import DEFAULT_LIMITS, profile_digest, tool_definition_digest
@@ -259,6 +260,35 @@ def test_arguments_are_checked_against_the_recorded_input_schema(mcp, arguments,
         "invalid_mcp_arguments",
     )
     assert Action.objects.count() == before
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_schema_too_costly_to_check_refuses_the_call_and_holds_nothing(mcp):
+    """A server's schema can cost more than any size bound limits: this pattern backtracks
+    exponentially in Python's engine, and 60 characters would have held the request's worker
+    and its transaction for days. The check runs in a helper process of a bounded time,
+    which is ended; the process's next check has a new one."""
+    backtracking = {
+        "type": "object",
+        "properties": {"text": {"type": "string", "pattern": "^(a|a)+$"}},
+    }
+    McpTool.objects.filter(server=mcp.server, name="echo").update(
+        definition={"name": "echo", "inputSchema": backtracking}
+    )
+    before = Action.objects.count()
+    call = {"server": mcp.server.public_id, "tool": "echo", "arguments": {"text": "a" * 60 + "!"}}
+    error = refused(mcp.post(call), "args.arguments", "invalid_mcp_arguments")
+    assert f"took longer than {CHECK_TIMEOUT_SECONDS:g} s" in error["message"]
+    assert Action.objects.count() == before
+    # The next check, of arguments the pattern answers at once, is made and found wrong.
+    error = refused(
+        mcp.post({**call, "arguments": {"text": "b"}}),
+        "args.arguments.text",
+        "invalid_mcp_arguments",
+    )
+    assert "does not match" in error["message"]
+    accepted = mcp.post({**call, "arguments": {"text": "aaa"}})
+    assert accepted.status_code in (201, 202), accepted.content
 
 
 @pytest.mark.spec("POL-8")
