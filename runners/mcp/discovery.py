@@ -5,7 +5,9 @@ with the claims of its report: the image id run, the server's name and version, 
 tool it lists (their definitions, ``DEFINITION_FIELDS`` only, so the report is bounded and
 the control plane digests exactly what the runner checks before each call), or an error.
 The server runs as for a call (``runners.mcp.session``), with an empty temporary
-directory as its workspace when its profile mounts one, and is removed afterwards.
+directory as its workspace when its profile mounts one, and is removed afterwards. Its
+container names this process as its owner (``owner_labels``): should the process be killed
+before removing it, the next discovery or server start, or runner start, removes it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from runners.mcp.errors import (
     McpProtocolError,
     McpUnavailable,
 )
+from runners.mcp.servers import owner_labels, remove_orphaned_mcp_servers
 from runners.mcp.session import ENGINE_ERRORS, START_TIMEOUT_SECONDS, list_tools, server_session
 from runners.workspace import workspace_owner
 
@@ -121,6 +124,8 @@ def discover(
                 client = docker.from_env()
             except docker.errors.DockerException as error:
                 raise McpUnavailable(f"docker: no engine answers ({error})") from None
+        # A discovery a killed worker left is delivered again: what it left goes first.
+        remove_orphaned_mcp_servers(runner_id, client)
         profile = dict(request.profile)
         image = resolve_image(client, profile, request.managed)
         profile["image"] = image
@@ -159,7 +164,7 @@ def _list(
         async with server_session(
             client,
             profile,
-            labels={"runner": runner_id, "discovery": discovery},
+            labels={"runner": runner_id, "discovery": discovery, **owner_labels()},
             workspace=workspace,
             start_timeout=start_timeout,
         ) as (session, init, _container):

@@ -23,16 +23,25 @@ removes its container and DIR, after ``idle_seconds`` without a call, when its c
 stops, or when the risk acceptance a bridged profile names lapses (``risk_expires_at``:
 now if idle, else after the call), which it does on its own clock, so a runner that
 missed the ``mcp.risk.end`` broadcast keeps no network past the decision.
+
+Its stderr is DIR/relay.log, which the server can make the MCP SDK write to (every line of
+its stdout that is not JSON-RPC is an error record with a traceback): ``log_boundedly``
+keeps each record to one line without traceback, drops a kind of record repeated too often,
+and stops the file at ``MAX_LOG_BYTES``. Nothing a server writes, nor a request, is in it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import os
 import shutil
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +51,7 @@ import docker
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from runners.mcp.errors import McpError, McpProtocolError
+from runners.mcp.servers import owner_labels
 from runners.mcp.session import (
     ENGINE_ERRORS,
     call_pinned_checked,
@@ -53,6 +63,117 @@ from runners.mcp.session import (
 # A request: the pinned profile and the arguments (the command's, so within its bounds).
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 CONTAINER_CHECK_SECONDS = 5.0
+# relay.log: all the relay ever writes there, in bytes, its last line included.
+MAX_LOG_BYTES = 256 * 1024
+# One record: a line of at most this many characters.
+MAX_RECORD_CHARS = 300
+# A kind of record (logger and message) is logged this often per window, then dropped and
+# counted until the window ends; at most this many kinds are told apart.
+RECORDS_PER_KIND = 20
+RECORD_WINDOW_SECONDS = 60.0
+MAX_RECORD_KINDS = 256
+_LOG_FULL = b"relay.log: full; nothing more is written\n"
+
+
+class BoundedLog(io.TextIOBase):
+    """A text stream onto file descriptor ``fd`` that writes ``limit`` bytes in all: what
+    would go past it is dropped, and one last line says so."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd = fd
+        self.limit = limit
+        self.written = 0
+        with contextlib.suppress(OSError):
+            self.written = os.fstat(fd).st_size
+        self.full = self.written + len(_LOG_FULL) > limit
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", errors="replace")
+        with self._lock:
+            if self.full or not data:
+                return len(text)
+            if self.written + len(data) + len(_LOG_FULL) > self.limit:
+                data, self.full = _LOG_FULL, True
+            view = memoryview(data)
+            with contextlib.suppress(OSError):
+                while view:
+                    view = view[os.write(self.fd, view) :]
+            self.written += len(data)
+        return len(text)
+
+
+class _OneLine(logging.Formatter):
+    """A record as one bounded line: never a traceback nor an exception's text (the SDK's
+    parse errors quote the server's output), only the exception's type."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = _message(record)
+        if record.exc_info and record.exc_info[0] is not None:
+            message = f"{message} ({record.exc_info[0].__name__})"
+        line = f"{self.formatTime(record)} {record.levelname} {record.name}: {message}"
+        return line.replace("\n", " ").replace("\r", " ")[:MAX_RECORD_CHARS]
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # a record whose arguments do not fit its format
+        return str(record.msg)
+
+
+@dataclass
+class _Window:
+    start: float
+    let_through: int = 0
+    dropped: int = 0
+
+
+class _PerKind(logging.Filter):
+    """Let ``RECORDS_PER_KIND`` records of a kind through per window; the first after a
+    window in which some were dropped says how many."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.windows: dict[tuple[str, str], _Window] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.name, str(record.msg)[:100])
+        if kind not in self.windows and len(self.windows) >= MAX_RECORD_KINDS:
+            kind = ("", "")  # every further kind counts as one
+        now = time.monotonic()
+        window = self.windows.setdefault(kind, _Window(now))
+        if now - window.start >= RECORD_WINDOW_SECONDS:
+            dropped = window.dropped
+            window.start, window.let_through, window.dropped = now, 0, 0
+            if dropped:
+                record.msg = f"{_message(record)} ({dropped} more like it were not logged)"
+                record.args = None
+        if window.let_through >= RECORDS_PER_KIND:
+            window.dropped += 1
+            return False
+        window.let_through += 1
+        return True
+
+
+def log_boundedly(fd: int = 2) -> None:
+    """Send everything the relay logs or prints to stderr (``fd``) through one
+    ``BoundedLog``: records of warnings and worse, one line each, per kind bounded."""
+    stream = BoundedLog(fd, MAX_LOG_BYTES)
+    sys.stderr = stream
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(_OneLine())
+    handler.addFilter(_PerKind())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+    logging.raiseExceptions = False  # a failing record is dropped, not printed
 
 
 class Relay:
@@ -225,7 +346,10 @@ async def serve(directory: Path, spec: dict[str, Any], ready: Any) -> None:
     try:
         workspace = Path(spec["workspace"]) if spec.get("workspace") else None
         async with server_session(
-            client, spec["profile"], labels=spec["labels"], workspace=workspace
+            client,
+            spec["profile"],
+            labels={**spec["labels"], **owner_labels()},
+            workspace=workspace,
         ) as (session, init, container_id):
             relay.session, relay.container_id = session, container_id
             (directory / "container").write_text(container_id)
@@ -271,6 +395,7 @@ def main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
+    log_boundedly()
     (directory / "pid").write_text(str(os.getpid()))
     anyio.run(serve, directory, spec, ready)
     return 0

@@ -46,6 +46,7 @@ from runners.mcp.errors import (
 )
 from runners.mcp.session import (
     ENGINE_ERRORS,
+    MCP_LABEL,
     START_TIMEOUT_SECONDS,
     call_pinned,
     remove_container,
@@ -56,14 +57,21 @@ from runners.sandbox.docker import LABEL_PREFIX
 from runners.sandbox.warm_host import agent_root_directory
 
 __all__ = [
+    "MCP_OWNER_LABEL",
     "MCP_WARM_LABEL",
     "DockerMcpServers",
+    "owner_labels",
     "reap_mcp_call",
+    "remove_orphaned_mcp_servers",
     "remove_stale_mcp_servers",
     "stop_mcp_servers",
 ]
 
 MCP_WARM_LABEL = f"{LABEL_PREFIX}mcp-warm"
+# Every MCP server container the runner makes (a relay's, a throwaway call's, a discovery's)
+# names the process that owns it and removes it when done: boot id, pid and start time, so
+# a pid reused after that process died (or the host rebooted) names no one.
+MCP_OWNER_LABEL = f"{LABEL_PREFIX}mcp-owner"
 RELAY_PREFIX = "mcp-"
 # An answer: the bounded result (text up to MAX_OUTPUT_CHARS, JSON-escaped) and its frame.
 MAX_ANSWER_BYTES = 8 * MAX_OUTPUT_CHARS + 256 * 1024
@@ -166,13 +174,14 @@ class DockerMcpServers:
             async with server_session(
                 client,
                 pinned["profile"],
-                labels={**labels, "call": call_id},
+                labels={**labels, "call": call_id, **owner_labels()},
                 workspace=workspace,
                 start_timeout=self.start_timeout,
             ) as (session, _init, _container):
                 return await call_pinned(session, pinned, tool, arguments, timeout_s=timeout_s)
 
         try:
+            remove_orphaned_mcp_servers(self.runner_id, client)
             return anyio.run(once)
         finally:
             client.close()
@@ -207,6 +216,11 @@ class DockerMcpServers:
                     return sock
                 except (_Retry, McpError):
                     _kill_relay(directory)
+            client = _client()
+            try:
+                remove_orphaned_mcp_servers(self.runner_id, client)
+            finally:
+                client.close()
             if not self._make_room(root, keep=name):
                 return None
             shutil.rmtree(directory, ignore_errors=True)
@@ -501,9 +515,97 @@ def reap_mcp_call(call_id: str) -> int:
     return reaped
 
 
+def owner_labels() -> dict[str, str]:
+    """The label (unprefixed, as ``server_session`` takes labels) that names this process
+    as the owner of the MCP server container it is about to create."""
+    return {MCP_OWNER_LABEL.removeprefix(LABEL_PREFIX): _process_identity(os.getpid())}
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks after boot); None if there is no such
+    process, or only its zombie (SIGKILLed, not yet reaped by its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces or parentheses.
+    fields = stat.rpartition(")")[2].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X", "x"):
+        return None
+    return fields[19]
+
+
+def _process_identity(pid: int) -> str:
+    return f"{_boot_id()}/{pid}/{_start_ticks(pid) or ''}"
+
+
+def _owner_alive(identity: str) -> bool:
+    """Whether the process an MCP container's owner label names still runs."""
+    boot, _, rest = identity.partition("/")
+    pid_text, _, started = rest.partition("/")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid <= 0 or boot != _boot_id():
+        return False
+    if not started:
+        # No /proc where the label was written: only whether the pid exists is known.
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return _start_ticks(pid) == started
+
+
+def _mcp_containers(client: Any, runner_id: str) -> list[Any]:
+    containers: list[Any] = client.containers.list(
+        all=True,
+        filters={"label": [MCP_LABEL, f"{LABEL_PREFIX}runner={runner_id}"]},
+        ignore_removed=True,
+    )
+    return containers
+
+
+def remove_orphaned_mcp_servers(runner_id: str, client: Any) -> int:
+    """MCP server containers of this runner whose owning process is gone (a worker killed
+    during a discovery or a throwaway call, a relay killed): removed; how many.
+
+    Safe at any time, from any process of the runner: a container whose owner runs is kept,
+    and one without an owner label is left to ``remove_stale_mcp_servers``. Called before
+    the runner starts another server, so a discovery a killed worker left (redelivered, as
+    ``reject_on_worker_lost`` has it) is gone when the discovery runs again.
+    """
+    removed = 0
+    try:
+        for container in _mcp_containers(client, runner_id):
+            owner = (container.labels or {}).get(MCP_OWNER_LABEL)
+            if owner is not None and not _owner_alive(owner):
+                remove_container(client, container.id)
+                removed += 1
+    except ENGINE_ERRORS:
+        pass
+    return removed
+
+
 def remove_stale_mcp_servers(runner_id: str) -> int:
-    """Runner start: relays that died (their directories) and warm server containers of
-    this runner whose relay is gone; how many containers went."""
+    """Runner start: relays that died (their directories), and every MCP server container
+    of this runner that is neither a live relay's nor a live process's (a throwaway call or
+    a discovery still running); how many containers went.
+
+    A container names its owner (``MCP_OWNER_LABEL``); one from before that label is kept
+    only if it is a live relay's (its ``mcp-relay`` label names a relay whose pid runs).
+    """
     try:
         root = agent_root_directory()
     except SandboxUnavailable:
@@ -528,13 +630,14 @@ def remove_stale_mcp_servers(runner_id: str) -> int:
         return 0
     removed = 0
     try:
-        for container in client.containers.list(
-            all=True,
-            filters={"label": [f"{MCP_WARM_LABEL}=true", f"{LABEL_PREFIX}runner={runner_id}"]},
-            ignore_removed=True,
-        ):
+        for container in _mcp_containers(client, runner_id):
             labels = container.labels or {}
-            if labels.get(f"{LABEL_PREFIX}mcp-relay") not in live:
+            owner = labels.get(MCP_OWNER_LABEL)
+            if owner is not None:
+                keep = _owner_alive(owner)
+            else:
+                keep = labels.get(f"{LABEL_PREFIX}mcp-relay") in live
+            if not keep:
                 remove_container(client, container.id)
                 removed += 1
     except ENGINE_ERRORS:

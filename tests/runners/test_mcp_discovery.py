@@ -3,12 +3,18 @@ runner's answer on real Docker (runners.mcp.discovery, ``Runner.handle_discovery
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import secrets
+import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import anyio
 import docker
+import docker.errors
 import pytest
 import redis
 
@@ -25,9 +31,13 @@ from runners.contract.mcp_discovery import (
 )
 from runners.contract.names import command_audience
 from runners.contract.tokens import _sign, generate_private_key_pem, public_key_pem
+from runners.mcp.discovery import discover
+from runners.mcp.servers import DockerMcpServers, remove_stale_mcp_servers
 from runners.mcp.session import list_tools, server_session
 from runners.runner import Disposition, Runner
 from tests.runners.support import RUNNER_REDIS_URL, runner_config
+from tests.runners.test_mcp_servers import listed, pin, project_workspace  # noqa: F401
+from tests.runners.test_mcp_servers import make_profile as make_server_profile
 
 SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
 DISCOVERY = "mdi_01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -340,3 +350,140 @@ def test_a_runner_without_docker_answers_mcp_unavailable_and_a_bad_request_nothi
     forged = sign_discovery_request(request_claims(), RUNNER_KEY)
     assert runner.handle_discovery(forged) is Disposition.REFUSED
     assert reports == []
+
+
+# --- what a killed discovering process leaves ----------------------------------------------
+
+# A server that never answers: its discovery waits, its container running, until killed.
+SILENT_SERVER = ["python3", "-c", "import time; time.sleep(600)"]
+
+
+def _discover_until_killed(request: Any, runner_id: str) -> None:
+    """A worker process's discovery (``runner.mcp_discover``), in a child the test kills."""
+    discover(request, runner_id=runner_id, start_timeout=600)
+
+
+def _start_discovering(server_image: str, runner_id: str, discovery: str) -> Any:
+    silent = profile(server_image, command=SILENT_SERVER, workspace="none")
+    # Verified here: the child, a new interpreter, has keys of its own.
+    request = verify_request(
+        sign_discovery_request(request_claims(jti=discovery, profile=silent), CONTROL_KEY)
+    )
+    child = multiprocessing.get_context("spawn").Process(
+        target=_discover_until_killed, args=(request, runner_id)
+    )
+    child.start()
+    return child
+
+
+def _running_discovery(client: Any, discovery: str, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for container in client.containers.list(
+            filters={"label": f"io.kestrel.discovery={discovery}", "status": "running"}
+        ):
+            return container
+        time.sleep(0.1)
+    raise AssertionError(f"the discovery {discovery} started no server")
+
+
+def _discovery_id() -> str:
+    return "mdi_" + "".join(secrets.choice("0123456789ABCDEFGHJKMNPQRSTVWXYZ") for _ in range(26))
+
+
+def _exists(client: Any, container: Any) -> bool:
+    try:
+        client.containers.get(container.id)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+@pytest.mark.docker
+def test_a_discovery_a_killed_worker_left_is_removed_and_live_servers_are_kept(
+    server_image: str,
+    engine: Any,
+    runner_id: str,
+    project: str,
+    project_workspace: Path,  # noqa: F811 - the imported fixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real SIGKILL of a discovering process: its server's container stays behind, running
+    (under a risk acceptance it would keep its network). Runner start removes it, and so
+    does the next discovery (the one a dead worker left is delivered again); a live relay's
+    server and a running discovery's are kept."""
+    warm = tmp_path / "warm"
+    warm.mkdir(mode=0o700)
+    monkeypatch.setenv("KESTREL_WARM_AGENT_DIR", str(warm))
+    relays = DockerMcpServers(runner_id=runner_id, idle_seconds=120, max_servers=4, root=warm)
+    server = make_server_profile(server_image)
+    pinned = pin(server, listed(server, project_workspace)["echo"])
+    discoveries = {name: _discovery_id() for name in ("killed", "live", "again")}
+    children = {}
+    try:
+        answer = relays.call(
+            pinned,
+            "echo",
+            {"text": "warm"},
+            project=project,
+            thread="thr_kept",
+            call_id=f"call_{uuid.uuid4().hex}",
+            workspace=project_workspace,
+            timeout_s=30,
+        )
+        assert answer["content"][0]["text"] == "warm"
+        (relay_server,) = engine.containers.list(filters={"label": f"io.kestrel.project={project}"})
+        for name in ("killed", "live"):
+            children[name] = _start_discovering(server_image, runner_id, discoveries[name])
+        killed = _running_discovery(engine, discoveries["killed"])
+        live = _running_discovery(engine, discoveries["live"])
+        os.kill(children["killed"].pid, signal.SIGKILL)
+        children["killed"].join(30)
+        assert _exists(engine, killed)  # dead, the process removed nothing
+
+        assert remove_stale_mcp_servers(runner_id) == 1
+        assert not _exists(engine, killed)
+        assert _exists(engine, live) and _exists(engine, relay_server)
+
+        # Killed again, mid-discovery: the discovery delivered again removes what it left.
+        children["again"] = _start_discovering(server_image, runner_id, discoveries["again"])
+        again = _running_discovery(engine, discoveries["again"])
+        os.kill(children["again"].pid, signal.SIGKILL)
+        children["again"].join(30)
+        report = discover(
+            verify_request(
+                sign_discovery_request(request_claims(profile=profile(server_image)), CONTROL_KEY)
+            ),
+            runner_id=runner_id,
+        )
+        assert report["error"] is None
+        assert not _exists(engine, again)
+        assert _exists(engine, live) and _exists(engine, relay_server)
+        assert (
+            relays.call(
+                pinned,
+                "echo",
+                {"text": "still warm"},
+                project=project,
+                thread="thr_kept",
+                call_id=f"call_{uuid.uuid4().hex}",
+                workspace=project_workspace,
+                timeout_s=30,
+            )["content"][0]["text"]
+            == "still warm"
+        )
+    finally:
+        for child in children.values():
+            if child.is_alive():
+                os.kill(child.pid, signal.SIGKILL)
+            child.join(30)
+        relays.end_thread(project, "thr_kept")
+        for discovery in discoveries.values():
+            for container in engine.containers.list(
+                all=True, filters={"label": f"io.kestrel.discovery={discovery}"}
+            ):
+                container.remove(force=True, v=True)
+        deadline = time.monotonic() + 60
+        while any(p.is_dir() for p in warm.glob("mcp-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)

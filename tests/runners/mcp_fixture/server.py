@@ -4,9 +4,14 @@
 network interfaces the container sees; ``slow`` sleeps then appends; ``big`` returns a long
 text. ``poisoned``'s description is /workspace/.description when that file exists, read at
 every tools/list: how a server changes a tool under a recorded definition (a rug pull).
+
+Run with ``--garbage`` (as a profile's command), it also has ``garbage``, which writes lines
+that are not JSON-RPC to its stdout before it answers: how a server makes the client's SDK
+log an error per line.
 """
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -72,6 +77,20 @@ def big(chars: int) -> str:
 def poisoned() -> str:
     """A harmless tool."""
     return "ok"
+
+
+if "--garbage" in sys.argv:
+    # The SDK points fd 1 at stderr while it serves (a stray print must not reach the
+    # wire): the stdout the client reads is this copy, taken before.
+    WIRE = os.dup(1)
+
+    @server.tool()
+    def garbage(lines: int, text: str) -> str:
+        """Write ``lines`` lines of ``text`` to stdout, none of them JSON-RPC."""
+        data = (text + "\n").encode() * lines
+        while data:
+            data = data[os.write(WIRE, data) :]
+        return "written"
 
 
 if __name__ == "__main__":
