@@ -29,7 +29,10 @@ on a ``project.delete`` (every thread of a deleted project has ended), so that e
 process of every host of the pool (not only the one that received the message) stops
 keeping those threads' sandboxes and servers warm. They are cache hints, kept
 ``THREAD_ENDED_SECONDS``; authority stays with the control plane, which refuses new calls on
-an ended thread or a deleted project.
+an ended thread or a deleted project. ``kestrel:risk-ended:<rsk>``, set on an
+``mcp.risk.end``, is not a hint: a command signed before the acceptance ended (queued, or
+in flight when the notice came) names it in its bridged profile, and no server is started
+with a network under an acceptance any runner of the pool heard had ended.
 
 A runner keeps these keys under its pool's namespace (``kestrel:pool:<pool>:call:<jti>``
 and so on, ``runners.contract.broker_access``): its broker user reaches no other pool's
@@ -86,6 +89,7 @@ _CALL_KEY = "call:{}"
 _RESULT_KEY = "result:{}"
 _THREAD_ENDED_KEY = "thread-ended:{}:{}"
 _PROJECT_DELETED_KEY = "project-deleted:{}"
+_RISK_ENDED_KEY = "risk-ended:{}"
 
 # Replace the value only if it is still exactly what the caller last saw: a heartbeat or a
 # take-over can never overwrite a lease that someone else has since claimed.
@@ -219,6 +223,15 @@ class CallState:
         """Record that ``project`` was deleted (from a verified control message): each of its
         threads has ended."""
         self.client.set(self._key(_PROJECT_DELETED_KEY, project), "1", ex=THREAD_ENDED_SECONDS)
+
+    def mark_risk_ended(self, acceptance: str) -> None:
+        """Record that MCP risk acceptance ``acceptance`` ended (from a verified control
+        message), for longer than any command signed under it stays valid."""
+        self.client.set(self._key(_RISK_ENDED_KEY, acceptance), "1", ex=THREAD_ENDED_SECONDS)
+
+    def risk_ended(self, acceptance: str) -> bool:
+        """Whether an ``mcp.risk.end`` for ``acceptance`` reached any runner of the pool."""
+        return bool(self.client.exists(self._key(_RISK_ENDED_KEY, acceptance)))
 
     def thread_ended(self, project: str, thread: str) -> bool:
         """Whether a ``thread.end`` for this thread, or a ``project.delete`` for its project,

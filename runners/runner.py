@@ -48,6 +48,8 @@ from runners.contract.tokens import (
     verify_control_message,
 )
 from runners.contract.toolspec import McpServers
+from runners.mcp.errors import McpStartFailed
+from runners.mcp.servers import refuse_ended_risk
 from runners.report_budget import REPORT_TOO_LARGE, fit_result
 from runners.sandbox import (
     DockerBackend,
@@ -212,7 +214,13 @@ class Runner:
             claims = {"code": "mcp_unavailable", "message": message}
             claims = {"image": None, "server_info": None, "tools": None, "error": claims}
         else:
-            claims = self.discover_mcp(request)
+            try:
+                refuse_ended_risk(request.profile, self.state.risk_ended)
+            except McpStartFailed as ended:
+                claims = {"code": ended.code, "message": str(ended)}
+                claims = {"image": None, "server_info": None, "tools": None, "error": claims}
+            else:
+                claims = self.discover_mcp(request)
         report = sign_discovery_report(
             {
                 "iss": self.config.runner_id,
@@ -276,7 +284,13 @@ class Runner:
     def _end_risk_acceptance(self, message: ControlMessage) -> None:
         """Stop the MCP servers this host started under a risk acceptance that ended: their
         containers have the bridge network it gave, and none may keep it (a busy one goes
-        after its call; the next call starts a network-less one)."""
+        after its call; the next call starts a network-less one). First it is recorded for
+        the pool, so that no process starts one again under it (a command signed before the
+        end, still queued or in flight)."""
+        try:
+            self.state.mark_risk_ended(message.rsk)
+        except redis.RedisError as error:
+            self._log("infrastructure_error", level=logging.ERROR, error=type(error).__name__)
         stopped = self.end_risk_acceptance(message.rsk)
         self._log(
             "mcp_risk_ended",

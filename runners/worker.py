@@ -145,6 +145,7 @@ def current_runner() -> Runner:
                     idle_seconds=chooser.idle_seconds,
                     max_servers=chooser.max_containers if chooser.enabled else 0,
                     thread_ended=state.thread_ended,
+                    risk_ended=state.risk_ended,
                 )
                 if docker_capable
                 else None

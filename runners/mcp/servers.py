@@ -62,6 +62,7 @@ __all__ = [
     "DockerMcpServers",
     "owner_labels",
     "reap_mcp_call",
+    "refuse_ended_risk",
     "remove_orphaned_mcp_servers",
     "remove_stale_mcp_servers",
     "stop_mcp_servers",
@@ -90,6 +91,8 @@ class DockerMcpServers:
     max_servers: int
     # (project, thread) -> whether the thread ended (the runner's call state).
     thread_ended: Callable[[str, str], bool] | None = None
+    # risk acceptance -> whether an ``mcp.risk.end`` about it reached the pool (call state).
+    risk_ended: Callable[[str], bool] | None = None
     root: Path | None = None
     start_timeout: float = START_TIMEOUT_SECONDS
 
@@ -118,6 +121,7 @@ class DockerMcpServers:
         profile = pinned["profile"]
         if profile_digest(profile) != pinned["profile_sha256"]:
             raise McpStartFailed("the pinned profile does not match its digest; not started")
+        refuse_ended_risk(profile, self.risk_ended)
         labels = {"project": project, "runner": self.runner_id}
         if thread is None or self.max_servers == 0 or self._ended(project, thread):
             return self._call_once(pinned, tool, arguments, labels, call_id, workspace, timeout_s)
@@ -513,6 +517,25 @@ def reap_mcp_call(call_id: str) -> int:
             _kill_relay(directory)
             reaped += 1
     return reaped
+
+
+def refuse_ended_risk(profile: Mapping[str, Any], risk_ended: Callable[[str], bool] | None) -> None:
+    """``McpStartFailed`` for a bridged profile whose risk acceptance ended: the command was
+    signed before the end (queued, or in flight when the ``mcp.risk.end`` came), and nothing
+    may get the network under it since. Without an answer (the call state unreachable), it
+    counts as ended."""
+    acceptance = profile.get("risk_acceptance")
+    if profile.get("network") != "bridge" or not acceptance or risk_ended is None:
+        return
+    try:
+        ended = bool(risk_ended(str(acceptance)))
+    except Exception:
+        ended = True
+    if ended:
+        raise McpStartFailed(
+            f"the risk acceptance {acceptance} that let this server have a network has ended "
+            "(withdrawn, expired or void): it is not started with one; request the call again"
+        )
 
 
 def owner_labels() -> dict[str, str]:

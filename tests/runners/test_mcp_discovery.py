@@ -36,7 +36,7 @@ from runners.mcp.servers import DockerMcpServers, remove_stale_mcp_servers
 from runners.mcp.session import list_tools, server_session
 from runners.runner import Disposition, Runner
 from tests.runners.support import RUNNER_REDIS_URL, runner_config
-from tests.runners.test_mcp_servers import listed, pin, project_workspace  # noqa: F401
+from tests.runners.test_mcp_servers import RISK, bridged_profile, listed, pin, project_workspace  # noqa: F401
 from tests.runners.test_mcp_servers import make_profile as make_server_profile
 
 SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -350,6 +350,33 @@ def test_a_runner_without_docker_answers_mcp_unavailable_and_a_bad_request_nothi
     forged = sign_discovery_request(request_claims(), RUNNER_KEY)
     assert runner.handle_discovery(forged) is Disposition.REFUSED
     assert reports == []
+
+
+@pytest.mark.spec("MCP-4")
+def test_a_discovery_under_an_ended_risk_acceptance_starts_nothing(
+    discovering_runner: tuple[Runner, list[str]], runner_redis: Any
+) -> None:
+    """A refresh's request signed before its server's risk acceptance ended names a bridged
+    profile: once an ``mcp.risk.end`` reached the pool, it starts no server with a network
+    (the call path's check, ``refuse_ended_risk``)."""
+    runner, reports = discovering_runner
+    started: list[Any] = []
+
+    def discover(request: Any) -> dict[str, Any]:
+        started.append(request)
+        return {"image": None, "server_info": None, "tools": [], "error": None}
+
+    runner.discover_mcp = discover
+    bridged = bridged_profile("sha256:" + "a" * 64, RISK)
+    runner.state.mark_risk_ended(RISK)
+    report = _discover(runner, reports, bridged)
+    assert report.error["code"] == "mcp_start_failed"
+    assert f"{RISK} that let this server have a network has ended" in report.error["message"]
+    assert started == []
+    # Another acceptance's, or no network at all: discovered as ever.
+    _discover(runner, reports, bridged_profile("sha256:" + "a" * 64, RISK[:-1] + "W"))
+    _discover(runner, reports, profile())
+    assert len(started) == 2
 
 
 # --- what a killed discovering process leaves ----------------------------------------------

@@ -986,7 +986,11 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
     """A warm server started under a risk acceptance keeps its bridge network for as long as
     its container lives. When the acceptance ends, the control plane's signed
     ``mcp.risk.end`` makes the runner stop exactly those servers, idle or not yet timed out;
-    a server without it is left alone."""
+    a server without it is left alone. And a command signed before the end (queued, or in
+    flight when the notice came) used to start a new bridged server after it: the end is
+    now recorded for the pool, and nothing starts under it in any process."""
+    state = CallState(runner_redis, worker="mcp-test")
+    servers.risk_ended = state.risk_ended
     tools = listed(make_profile(server_image), project_workspace)
     warm_servers_of(
         servers,
@@ -1030,6 +1034,20 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
     assert len(_server_containers(engine, project)) == 2
 
     assert runner.handle_control(risk_end(RISK)) is Disposition.APPLIED
+    only_the_unbridged_server_stays(engine, project)
+    assert state.risk_ended(RISK) and not state.risk_ended("rsk_01ARZ3NDEKTSV4RRFFQ69G5FAX")
+    signed_before = pin(bridged_profile(server_image, RISK), tools["interfaces"])
+    for thread in ("thr_bridged", "thr_queued", None):
+        with pytest.raises(McpStartFailed, match="has ended"):
+            call(
+                servers,
+                signed_before,
+                "interfaces",
+                {},
+                project=project,
+                thread=thread,
+                workspace=project_workspace,
+            )
     only_the_unbridged_server_stays(engine, project)
 
 
