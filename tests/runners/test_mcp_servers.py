@@ -431,6 +431,38 @@ def test_an_image_with_an_odd_volume_starts_nothing(
     assert _server_containers(engine, project) == []
 
 
+@pytest.mark.spec("MCP-5")
+def test_a_result_is_not_checked_against_the_servers_output_schema(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+) -> None:
+    """The SDK's client checked a result's structured content against the tool's listed
+    outputSchema, with jsonschema in the event loop, where no timeout stops it: uniqueItems
+    over 16,000 objects held a call four minutes past its 2 s timeout, and a relay's loop
+    (its idle and expiry watch) with it. Output is untrusted data and is not checked: a
+    result the schema refuses comes back as the server sent it, bounded."""
+    profile = make_profile(
+        server_image, command=["python3", "/opt/h1-test/server.py", "--structured"]
+    )
+    tools = listed(profile, project_workspace)
+    assert tools["rows"]["outputSchema"]["properties"]["rows"]["uniqueItems"] is True
+    for thread in ("thr_rows", None):  # through a relay, and a throwaway server
+        answer = call(
+            servers,
+            pin(profile, tools["rows"]),
+            "rows",
+            {"count": 3},
+            project=project,
+            thread=thread,
+            workspace=project_workspace,
+        )
+        assert answer["is_error"] is False, answer
+        assert answer["structured_content"] == {"rows": [{"n": 1}] * 3}
+
+
 @pytest.mark.spec("MCP-1", "RUN-3")
 def test_an_image_claiming_the_runners_labels_starts_nothing(
     server_image: str, engine: Any, project: str, project_workspace: Path

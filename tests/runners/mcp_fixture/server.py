@@ -7,7 +7,9 @@ every tools/list: how a server changes a tool under a recorded definition (a rug
 
 Run with ``--garbage`` (as a profile's command), it also has ``garbage``, which writes lines
 that are not JSON-RPC to its stdout before it answers: how a server makes the client's SDK
-log an error per line.
+log an error per line. Run with ``--structured``, it also has ``rows``, whose listed
+``outputSchema`` says its rows are unique and whose result repeats them: what the client
+would check (and how long that could take) if it checked output against the schema.
 """
 
 import os
@@ -21,9 +23,19 @@ from mcp.types import ToolAnnotations
 DESCRIPTION_FILE = Path("/workspace/.description")
 
 
+ROWS_SCHEMA = {
+    "type": "object",
+    "properties": {"rows": {"type": "array", "uniqueItems": True}},
+    "required": ["rows"],
+}
+
+
 class Server(MCPServer):
     async def list_tools(self):
-        tools = await super().list_tools()
+        tools = [
+            tool.model_copy(update={"output_schema": ROWS_SCHEMA}) if tool.name == "rows" else tool
+            for tool in await super().list_tools()
+        ]
         try:
             changed = DESCRIPTION_FILE.read_text()
         except OSError:
@@ -91,6 +103,14 @@ if "--garbage" in sys.argv:
         while data:
             data = data[os.write(WIRE, data) :]
         return "written"
+
+
+if "--structured" in sys.argv:
+
+    @server.tool(structured_output=True)
+    def rows(count: int) -> dict[str, list[dict[str, int]]]:
+        """``count`` rows, every one the same."""
+        return {"rows": [{"n": 1}] * count}
 
 
 if __name__ == "__main__":
