@@ -41,7 +41,6 @@ import shutil
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +53,10 @@ from runners.mcp.errors import McpError, McpProtocolError
 from runners.mcp.servers import owner_labels
 from runners.mcp.session import (
     ENGINE_ERRORS,
+    PerKindLimit,
     call_pinned_checked,
     list_tools,
+    record_message,
     remove_container,
     server_session,
 )
@@ -67,11 +68,6 @@ CONTAINER_CHECK_SECONDS = 5.0
 MAX_LOG_BYTES = 256 * 1024
 # One record: a line of at most this many characters.
 MAX_RECORD_CHARS = 300
-# A kind of record (logger and message) is logged this often per window, then dropped and
-# counted until the window ends; at most this many kinds are told apart.
-RECORDS_PER_KIND = 20
-RECORD_WINDOW_SECONDS = 60.0
-MAX_RECORD_KINDS = 256
 _LOG_FULL = b"relay.log: full; nothing more is written\n"
 
 
@@ -111,52 +107,11 @@ class _OneLine(logging.Formatter):
     parse errors quote the server's output), only the exception's type."""
 
     def format(self, record: logging.LogRecord) -> str:
-        message = _message(record)
+        message = record_message(record)
         if record.exc_info and record.exc_info[0] is not None:
             message = f"{message} ({record.exc_info[0].__name__})"
         line = f"{self.formatTime(record)} {record.levelname} {record.name}: {message}"
         return line.replace("\n", " ").replace("\r", " ")[:MAX_RECORD_CHARS]
-
-
-def _message(record: logging.LogRecord) -> str:
-    try:
-        return record.getMessage()
-    except Exception:  # a record whose arguments do not fit its format
-        return str(record.msg)
-
-
-@dataclass
-class _Window:
-    start: float
-    let_through: int = 0
-    dropped: int = 0
-
-
-class _PerKind(logging.Filter):
-    """Let ``RECORDS_PER_KIND`` records of a kind through per window; the first after a
-    window in which some were dropped says how many."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.windows: dict[tuple[str, str], _Window] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        kind = (record.name, str(record.msg)[:100])
-        if kind not in self.windows and len(self.windows) >= MAX_RECORD_KINDS:
-            kind = ("", "")  # every further kind counts as one
-        now = time.monotonic()
-        window = self.windows.setdefault(kind, _Window(now))
-        if now - window.start >= RECORD_WINDOW_SECONDS:
-            dropped = window.dropped
-            window.start, window.let_through, window.dropped = now, 0, 0
-            if dropped:
-                record.msg = f"{_message(record)} ({dropped} more like it were not logged)"
-                record.args = None
-        if window.let_through >= RECORDS_PER_KIND:
-            window.dropped += 1
-            return False
-        window.let_through += 1
-        return True
 
 
 def log_boundedly(fd: int = 2) -> None:
@@ -166,7 +121,7 @@ def log_boundedly(fd: int = 2) -> None:
     sys.stderr = stream
     handler = logging.StreamHandler(stream)
     handler.setFormatter(_OneLine())
-    handler.addFilter(_PerKind())
+    handler.addFilter(PerKindLimit())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

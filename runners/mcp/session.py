@@ -12,6 +12,7 @@ check before every call) and one pinned call.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +221,73 @@ def container_options(
     if mounts:
         options["working_dir"] = SERVER_WORKSPACE
     return options
+
+
+# A kind of log record (logger and message) is let through this often per window, then
+# dropped and counted until the window ends; at most this many kinds are told apart.
+RECORDS_PER_KIND = 20
+RECORD_WINDOW_SECONDS = 60.0
+MAX_RECORD_KINDS = 256
+
+
+def record_message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # a record whose arguments do not fit its format
+        return str(record.msg)
+
+
+@dataclass
+class _Window:
+    start: float
+    let_through: int = 0
+    dropped: int = 0
+
+
+class PerKindLimit(logging.Filter):
+    """Let ``RECORDS_PER_KIND`` records of a kind through per window; the first after a
+    window in which some were dropped says how many."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.windows: dict[tuple[str, str], _Window] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.name, str(record.msg)[:100])
+        with self._lock:
+            if kind not in self.windows and len(self.windows) >= MAX_RECORD_KINDS:
+                kind = ("", "")  # every further kind counts as one
+            now = time.monotonic()
+            window = self.windows.setdefault(kind, _Window(now))
+            if now - window.start >= RECORD_WINDOW_SECONDS:
+                dropped = window.dropped
+                window.start, window.let_through, window.dropped = now, 0, 0
+                if dropped:
+                    said = record_message(record)
+                    record.msg = f"{said} ({dropped} more like it were not logged)"
+                    record.args = None
+            if window.let_through >= RECORDS_PER_KIND:
+                window.dropped += 1
+                return False
+            window.let_through += 1
+            return True
+
+
+class _StdioRecords(PerKindLimit):
+    """The SDK's stdio client logs each line of a server's stdout that is not JSON-RPC as
+    an error with its traceback, whose text quotes the line: whatever the server wrote, as
+    often as it writes. Its records keep the exception's type only, and a few per minute."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[0] is not None:
+            record.msg = f"{record_message(record)} ({record.exc_info[0].__name__})"
+            record.args = None
+            record.exc_info = record.exc_text = None
+        return super().filter(record)
+
+
+logging.getLogger(stdio_client.__module__).addFilter(_StdioRecords())
 
 
 class ServerSession(ClientSession):

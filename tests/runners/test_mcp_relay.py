@@ -8,6 +8,8 @@ server wrote.
 
 from __future__ import annotations
 
+import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -20,6 +22,7 @@ import pytest
 import runners
 from runners.mcp.relay import MAX_LOG_BYTES, MAX_RECORD_CHARS
 from runners.mcp.servers import DockerMcpServers
+from runners.mcp.session import RECORDS_PER_KIND, PerKindLimit
 from tests.runners.test_mcp_servers import (  # noqa: F401 - fixtures
     call,
     listed,
@@ -97,3 +100,30 @@ def test_the_relay_log_stops_at_its_bound_whatever_writes_to_it(tmp_path: Path) 
     log = path.read_bytes()
     assert MAX_LOG_BYTES - 1024 < len(log) <= MAX_LOG_BYTES
     assert log.endswith(b"relay.log: full; nothing more is written\n")
+
+
+def test_the_sdks_parse_errors_are_logged_without_the_servers_text_and_a_few_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Worker processes (a discovery, a throwaway call) read servers through the same SDK: its
+    record of each line that is not JSON-RPC, a traceback quoting the line, went into the
+    runner's own log as often as a server wrote one. Every process that imports the session
+    module keeps those records to the exception's type, a few a minute."""
+    logger = logging.getLogger("mcp.client.stdio")
+    (limit,) = [each for each in logger.filters if isinstance(each, PerKindLimit)]
+    limit.windows.clear()  # what earlier tests in this process logged
+    secret = f"kst_secret_{uuid.uuid4().hex}"
+    with caplog.at_level(logging.WARNING, logger="mcp.client.stdio"):
+        for _ in range(100):
+            try:
+                json.loads(f"not JSON-RPC {secret}")
+            except ValueError:
+                logger.exception("Failed to parse JSONRPC message from server")
+    records = [record for record in caplog.records if record.name == "mcp.client.stdio"]
+    assert len(records) == RECORDS_PER_KIND
+    assert all(
+        record.getMessage() == "Failed to parse JSONRPC message from server (JSONDecodeError)"
+        and record.exc_info is None
+        for record in records
+    )
+    assert secret not in caplog.text and "Traceback" not in caplog.text
