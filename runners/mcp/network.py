@@ -4,9 +4,9 @@ Only a custom server under an org admin's risk acceptance in force gets it (the 
 profile says ``network: bridge``). It is a Docker bridge of its own, with inter-container
 traffic off and its own interface name, and host firewall rules that drop everything the
 bridge sends to the host itself (the gateway address and every other host address: the
-INPUT chain on the bridge's interface), and forwarded traffic to the link-local range
-(cloud metadata services) and to the host's addresses reached through Docker's port
-publishing (DOCKER-USER, by the original destination). The rules are checked, and
+INPUT chain on the bridge's interface), and forwarded traffic to the link-local range and
+100.100.100.200 (cloud metadata services) and to the host's addresses reached through
+Docker's port publishing (DOCKER-USER, by the original destination). The rules are checked, and
 installed when missing, before every start of such a server; if that cannot be done the
 server does not start (``McpStartFailed``): never a bridge without them.
 """
@@ -28,6 +28,8 @@ __all__ = ["BRIDGE_INTERFACE", "OPEN_NETWORK", "ensure_open_network", "host_bloc
 OPEN_NETWORK = "kestrel-mcp-open"
 BRIDGE_INTERFACE = "kestrel-mcp0"
 LINK_LOCAL = "169.254.0.0/16"
+# Cloud metadata services outside the link-local range (Alibaba Cloud's), dropped the same way.
+METADATA_ADDRESSES = ("100.100.100.200",)
 _OPTIONS = {
     "com.docker.network.bridge.enable_icc": "false",
     "com.docker.network.bridge.name": BRIDGE_INTERFACE,
@@ -76,7 +78,8 @@ def host_block_rules(gateways: list[str], host_addresses: list[str]) -> list[lis
     rules = [["INPUT", "-i", BRIDGE_INTERFACE, "-j", "DROP"]]
     for address in sorted(set(gateways)):
         rules.append(["INPUT", "-i", BRIDGE_INTERFACE, "-d", address, "-j", "DROP"])
-    rules.append(["DOCKER-USER", "-i", BRIDGE_INTERFACE, "-d", LINK_LOCAL, "-j", "DROP"])
+    for metadata in (LINK_LOCAL, *METADATA_ADDRESSES):
+        rules.append(["DOCKER-USER", "-i", BRIDGE_INTERFACE, "-d", metadata, "-j", "DROP"])
     for address in sorted(set(gateways) | set(host_addresses)):
         rules.append(
             [

@@ -902,6 +902,8 @@ def test_a_bridged_server_gets_the_open_network_with_the_host_blocked(
     gateway = network["IPAM"]["Config"][0]["Gateway"]
     rules = host_block_rules([gateway], [])
     assert ["INPUT", "-i", BRIDGE_INTERFACE, "-j", "DROP"] in rules
+    for metadata in ("169.254.0.0/16", "100.100.100.200"):
+        assert ["DOCKER-USER", "-i", BRIDGE_INTERFACE, "-d", metadata, "-j", "DROP"] in rules
     for rule in rules:
         check = subprocess.run(["iptables", "-w", "5", "-C", *rule], capture_output=True)
         assert check.returncode == 0, f"missing: {rule}"
