@@ -8,7 +8,6 @@ import os
 import secrets
 import signal
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,14 @@ from runners.mcp.servers import DockerMcpServers, remove_stale_mcp_servers
 from runners.mcp.session import list_tools, server_session
 from runners.runner import Disposition, Runner
 from tests.runners.support import RUNNER_REDIS_URL, runner_config
-from tests.runners.test_mcp_servers import RISK, bridged_profile, listed, pin, project_workspace  # noqa: F401
+from tests.runners.test_mcp_servers import (  # noqa: F401 - project_workspace: a fixture
+    RISK,
+    bridged_profile,
+    call,
+    listed,
+    pin,
+    project_workspace,
+)
 from tests.runners.test_mcp_servers import make_profile as make_server_profile
 
 SERVER = "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
@@ -449,15 +455,14 @@ def test_a_discovery_a_killed_worker_left_is_removed_and_live_servers_are_kept(
     discoveries = {name: _discovery_id() for name in ("killed", "live", "again")}
     children = {}
     try:
-        answer = relays.call(
+        answer = call(
+            relays,
             pinned,
             "echo",
             {"text": "warm"},
             project=project,
             thread="thr_kept",
-            call_id=f"call_{uuid.uuid4().hex}",
             workspace=project_workspace,
-            timeout_s=30,
         )
         assert answer["content"][0]["text"] == "warm"
         (relay_server,) = engine.containers.list(filters={"label": f"io.kestrel.project={project}"})
@@ -488,15 +493,14 @@ def test_a_discovery_a_killed_worker_left_is_removed_and_live_servers_are_kept(
         assert not _exists(engine, again)
         assert _exists(engine, live) and _exists(engine, relay_server)
         assert (
-            relays.call(
+            call(
+                relays,
                 pinned,
                 "echo",
                 {"text": "still warm"},
                 project=project,
                 thread="thr_kept",
-                call_id=f"call_{uuid.uuid4().hex}",
                 workspace=project_workspace,
-                timeout_s=30,
             )["content"][0]["text"]
             == "still warm"
         )
