@@ -194,6 +194,12 @@ def tool_unusable_reason(listed: Mapping[str, Any]) -> str | None:
             return f"its {field} is not a valid JSON Schema ({type(error).__name__})"
         if field == "inputSchema" and schema.get("type") != "object":
             return "its inputSchema does not describe an object (MCP: type object)"
+        outside = reference_outside(schema)
+        if outside is not None:
+            return (
+                f"its {field} refers to a schema outside itself ({outside[:200]!r}), which "
+                "Kestrel never fetches"
+            )
     annotations = listed.get("annotations")
     if annotations is not None and not isinstance(annotations, Mapping):
         return "its annotations are not a JSON object"
@@ -202,6 +208,24 @@ def tool_unusable_reason(listed: Mapping[str, Any]) -> str | None:
             return "its definition is over the size bound"
     except (TypeError, ValueError):
         return "its definition is not JSON"
+    return None
+
+
+def reference_outside(schema: Any) -> str | None:
+    """The first ``$ref`` or ``$dynamicRef`` in ``schema`` that does not point into the
+    schema itself (``#...``), or None. Such a reference is a URL or file the schema's checker
+    would have to fetch (``schema_worker`` never does, so no call could pass it)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            for keyword in ("$ref", "$dynamicRef"):
+                target = node.get(keyword)
+                if isinstance(target, str) and not target.startswith("#"):
+                    return target
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
     return None
 
 

@@ -7,6 +7,11 @@ line in on stdin, ``{"schema", "arguments", "limit"}``; one JSON line out on std
 ``{"errors": [[field, message], ...]}`` (at most ``limit``, ordered by path), or
 ``{"unusable": "<exception name>"}`` when the schema cannot be used (a reference that
 resolves to nothing). It ends at the end of its input.
+
+The schema is an MCP server's, so nothing it names is ever fetched: jsonschema's default
+registry retrieves an unknown ``$ref`` with urllib (http, ftp, file), which would have let a
+server's schema make this process read any URL or local file and quote it back in an error.
+Its registry here has no retrieval: such a reference resolves to nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from referencing import Registry
 
 # jsonschema's messages repeat the value they are about; the answer carries this much of each.
 MAX_MESSAGE_CHARS = 1000
@@ -37,7 +43,7 @@ def argument_errors(schema: Any, arguments: Any, limit: int) -> list[list[str]]:
     """``[field, message]`` of each error of ``arguments`` under ``schema``, at most
     ``limit``, ordered by path."""
     errors = sorted(
-        Draft202012Validator(schema).iter_errors(arguments),
+        Draft202012Validator(schema, registry=Registry()).iter_errors(arguments),
         key=lambda error: list(map(str, error.path)),
     )
     return [[_field(error), error.message[:MAX_MESSAGE_CHARS]] for error in errors[:limit]]

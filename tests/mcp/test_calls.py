@@ -7,6 +7,10 @@ end-to-end tests'."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+
 import pytest
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
@@ -666,3 +670,50 @@ def test_a_draft_preview_replays_the_recorded_danger(world, sent):
     )
     assert preview.considered == 2 and preview.unreplayable == 0
     assert [(c.action.args["tool"], c.draft) for c in preview.changed] == [("append_note", "deny")]
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_schema_naming_a_url_or_file_makes_the_control_plane_fetch_nothing(mcp, tmp_path):
+    """A server's schema is checked with a registry that retrieves nothing: jsonschema's
+    default fetched an unknown $ref (http, file) from the control plane and quoted what it
+    read in the refusal. Such a recorded schema now cannot check any arguments."""
+    fetched: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            fetched.append(self.path)
+            body = json.dumps({"secret": {"const": "leaked-over-http"}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    local_file = tmp_path / "secrets.json"
+    local_file.write_text(json.dumps({"db": {"const": "leaked-from-a-file"}}))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        for target, secret in (
+            (f"http://127.0.0.1:{server.server_port}/internal.json#/secret", "leaked-over-http"),
+            (f"{local_file.as_uri()}#/db", "leaked-from-a-file"),
+        ):
+            McpTool.objects.filter(server=mcp.server, name="echo").update(
+                definition={
+                    "name": "echo",
+                    "inputSchema": {"type": "object", "properties": {"text": {"$ref": target}}},
+                }
+            )
+            call = {"server": mcp.server.public_id, "tool": "echo", "arguments": {"text": "x"}}
+            response = mcp.post(call)
+            error = refused(response, "args.arguments", "invalid_mcp_arguments")
+            assert "cannot check these arguments" in error["message"]
+            assert secret not in response.content.decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert fetched == []

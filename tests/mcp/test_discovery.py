@@ -504,3 +504,31 @@ def test_definitions_over_the_bounds_are_unusable():
         {"name": "n", "inputSchema": {"type": "object"}, "annotations": "x"}
     )
     assert tool_unusable_reason(ECHO) is None
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_schema_referring_outside_itself_is_unusable():
+    """Kestrel never fetches what a server's schema names; such a tool is recorded unusable,
+    and one whose references stay inside its own schema is callable."""
+    local = {
+        "name": "local",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"q": {"$ref": "#/$defs/q"}},
+            "$defs": {"q": {"type": "string"}},
+        },
+    }
+    assert tool_unusable_reason(local) is None
+    for target in (
+        "http://169.254.169.254/latest/meta-data#/x",
+        "file:///etc/kestrel/secrets.json#/db",
+        "other.json",
+    ):
+        remote = {
+            "name": "remote",
+            "inputSchema": {
+                "type": "object",
+                "properties": {"q": {"prefixItems": [{"$dynamicRef": target}]}},
+            },
+        }
+        assert "refers to a schema outside itself" in tool_unusable_reason(remote)
