@@ -93,12 +93,27 @@ printf '[filter "included"]\n\tclean = touch /workspace/marker-included\n' > /wo
 git config include.path /workspace/extra.cfg
 echo two >> a.txt
 echo two >> b.dat
+cd /workspace
+git init -q nested
+cd nested
+git init -q sub
+echo one > sub/f.txt
+echo 'f.txt filter=nested' > sub/.gitattributes
+git -C sub add f.txt .gitattributes
+git -C sub commit -qm one
+printf '[submodule "sub"]\n\tpath = sub\n\tignore = none\n' > .gitmodules
+git add sub .gitmodules
+git commit -qm one
+git -C sub config filter.nested.clean 'touch /workspace/marker-nested-filter; cat'
+sleep 1
+echo uno > sub/f.txt
 """
 # What the git image's own git springs with its environment's overrides: the drivers.
 GUARDED = r"""
 git -C /workspace/drivers status >/dev/null
 git -C /workspace/drivers diff >/dev/null
 git -C /workspace/lazy diff >/dev/null 2>&1 || true
+git -C /workspace/nested status >/dev/null
 """
 # The tools' work by the image's git and GitPython without the image's overrides.
 UNGUARDED = r"""
@@ -162,7 +177,7 @@ def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
     guarded = workspace_for(workspace_root, f"{project}-guarded")
     in_git_image(engine, git_image, guarded, TRAPS, project)
     in_git_image(engine, git_image, guarded, GUARDED, project)
-    assert markers(guarded) == {"filter", "diff-command", "diff-external"}
+    assert markers(guarded) == {"filter", "diff-command", "diff-external", "nested-filter"}
     control = workspace_for(workspace_root, f"{project}-control")
     in_git_image(engine, git_image, control, TRAPS, project)
     in_git_image(engine, git_image, control, UNGUARDED, project, guarded=False)
@@ -190,6 +205,8 @@ def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
         ("git_diff_unstaged", {"repo_path": "/workspace/drivers"}),
         ("git_add", {"repo_path": "/workspace/drivers", "files": ["a.txt"]}),
         ("git_checkout", {"repo_path": "/workspace/drivers", "branch_name": "main"}),
+        ("git_status", {"repo_path": "/workspace/nested"}),
+        ("git_diff_unstaged", {"repo_path": "/workspace/nested"}),
     ]
 
     async def through_the_session() -> list[dict[str, Any]]:
@@ -213,11 +230,11 @@ def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
     assert texts[2] == "Switched to branch 'other'"
     # A repository that names programs, or fetches: git does not run in it at all, and the
     # refusal names the keys (those of an included file as well) and what to do.
-    lazy, *drivers = answers[4:]
+    lazy, *drivers = answers[4:9]
     assert lazy["is_error"] is True
     assert "extensions.partialclone" in texts[4]
     assert "protocol.ext.allow" in texts[4]
-    for answer, text in zip(drivers, texts[5:], strict=True):
+    for answer, text in zip(drivers, texts[5:9], strict=True):
         assert answer["is_error"] is True, text
         assert (
             "sets core.fsmonitor, filter.trap.clean, filter.trap.smudge, diff.trap.command, "
@@ -226,3 +243,9 @@ def test_a_repositorys_own_config_runs_nothing_through_the_git_server(
         assert "Remove those keys from .git/config" in text
     # Nothing was staged or checked out in the refused repository.
     assert (workspace / "drivers" / "a.txt").read_text() == "one\ntwo\n"
+    # A submodule's own configuration, which git would read and run in it, is never
+    # reached: a repository with one is refused, naming it and what to do.
+    for answer, text in zip(answers[9:], texts[9:], strict=True):
+        assert answer["is_error"] is True, text
+        assert "this repository has submodules (sub)" in text
+        assert "git rm --cached PATH" in text
