@@ -57,6 +57,11 @@ JUSTIFICATION_MAX_CHARS = 2000
 # What a custom server's PATCH may change; a managed server's is Kestrel's but its limits.
 UPDATABLE = ("egress", "image", "command", "workspace", "limits")
 MANAGED_FIXED = ("image", "command", "workspace")
+# What a server runs, and on what: the program a policy's grants (by server name) reach and
+# the tools its discovery records. Installing a server or changing these is a person's
+# decision (``require_person``); an integration token may change limits and egress, and
+# remove or refresh a server, which only narrow or ask for a review.
+RUNNABLE = ("image", "command", "workspace")
 
 # REPO[:TAG]@sha256:<64 hex>, the grammar of an OCI/Docker image reference
 # (distribution/reference): an optional registry host (with a port), then lower case path
@@ -292,6 +297,9 @@ def mcp_server_install(
     managed server's command and workspace are Kestrel's, and it has no network at all."""
     if environment.organization_id != organization.pk:  # the serializer looked it up so too
         _refuse("environment", "no such environment in this organization")
+    # Its first discovery records every usable tool enabled, under the grants that already
+    # name the server: a token that could install (after removing) would choose them.
+    require_person(actor, organization=organization, act="install", what="an MCP server")
     name = _name_check(name)
     if (image is None) == (managed is None):
         reason = "send exactly one of 'image' (a custom server, by digest) or 'managed'"
@@ -381,6 +389,14 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
     if unknown or not changes:
         reason = f"send at least one of: {', '.join(UPDATABLE)}"
         raise ValidationFailed(reason, details={name: [reason] for name in unknown} or None)
+    if set(RUNNABLE) & set(changes):
+        # A tool whose definition reads the same stays enabled on the new image or command.
+        require_person(
+            actor,
+            organization=server.organization,
+            act="change",
+            what="an MCP server's image, command or workspace",
+        )
     if server.kind == McpServer.Kind.MANAGED:
         for field in MANAGED_FIXED:
             if field in changes:

@@ -356,6 +356,49 @@ def test_only_a_person_accepts_a_definition_or_unmarks_a_tool(world):
     assert unmarked.status_code == 200 and unmarked.json()["marked_dangerous"] is False
 
 
+@pytest.mark.spec("POL-5")
+def test_only_a_person_installs_a_server_or_changes_what_it_runs(world):
+    """A first discovery records every usable tool enabled, and a tool that reads the same
+    stays enabled on a new image, both under the grants that name the server. A token
+    holding ``mcp:write`` used to remove a server and install it again (or point it at
+    another image), and a definition an admin had refused, or a tool marked dangerous, was
+    callable again with no person deciding."""
+    admin = world["admin"]
+    server = installed(admin.client(), world)
+    discovered(server["id"], ECHO)
+    _, minted = token_create(
+        actor=Principal(PrincipalKind.TOKEN, user=admin.user, token=admin.token),
+        organization=world.org,
+        name="agent",
+        scopes=["org:read", "mcp:write"],
+    )
+    other_image = f"kestrel-test/mcp-other@sha256:{'f' * 64}"
+    for token, words in ((deployer_token(world), "Only a person"), (minted, "actions:approve")):
+        client = APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {token}")
+        for change in ({"image": other_image}, {"command": ["serve"]}, {"workspace": "rw"}):
+            refused = client.patch(f"{URL}/{server['id']}", change, format="json")
+            assert refused.status_code == 403, refused.content
+            assert refused.json()["error"]["code"] == "permission_denied"
+            assert words in refused.json()["error"]["message"]
+        refused = install(client, world, name="notes-again")
+        assert refused.status_code == 403, refused.content
+        assert words in refused.json()["error"]["message"]
+        # What only narrows, or changes no program, stays theirs.
+        limited = client.patch(f"{URL}/{server['id']}", {"limits": {"cpus": 0.5}}, format="json")
+        assert limited.status_code == 200, limited.content
+    deployer = APIClient(
+        REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {deployer_token(world)}"
+    )
+    assert deployer.delete(f"{URL}/{server['id']}").status_code == 204
+    assert install(deployer, world).status_code == 403
+    assert not McpServer.objects.installed().filter(name="notes").exists()
+    assert AuditRecord.objects.filter(action="mcp.install").count() == 1  # the admin's
+    # The admin, a person holding actions:approve, installs and changes it.
+    again = installed(admin.client(), world)
+    changed = admin.client().patch(f"{URL}/{again['id']}", {"image": other_image}, format="json")
+    assert changed.status_code == 200, changed.content
+
+
 def test_refresh_starts_a_new_discovery(world):
     admin = world["admin"].client()
     server = installed(admin, world)
