@@ -157,3 +157,32 @@ def test_the_api_walkthrough_runs_as_written(server):
     assert f"127.0.0.1:{port}/login/set-password/" in member["sign_in_link"], member
     token = next(d for d in documents if str(d.get("token", "")).startswith("kst_"))
     assert token["scopes"] == ["org:read", "projects:read"]
+
+
+def mcp_walkthrough() -> str:
+    guide = (ROOT / "docs/mcp.md").read_text()
+    section = guide[guide.index("## Try it") :]
+    return shell_blocks(section[: section.index("\n## ", 1)])[0]
+
+
+@pytest.mark.spec("MCP-1", "POL-8")
+def test_the_mcp_walkthrough_runs_as_written(server):
+    """docs/mcp.md's "Try it": the managed time server installed by a person, its recorded
+    tools, and the agent's calls refused, allowed, refused once the tool is marked dangerous,
+    and allowed with the opt-in. Needs the Docker sandbox and the managed images."""
+    env, port = server
+    installed, tools, *rest = run_as_written(mcp_walkthrough(), env, port)
+    assert installed["state"] == "ready" and installed["kind"] == "managed", installed
+    assert installed["network"]["mode"] == "none", installed
+    assert {tool["name"]: tool["dangerous"] for tool in tools} == {
+        "convert_time": False,
+        "get_current_time": False,
+    }
+    calls = [document for document in rest if document.get("tool") == "mcp.call"]
+    assert [call["state"] for call in calls] == ["denied", "succeeded", "denied", "succeeded"]
+    assert "dangerous" in " ".join(calls[2]["decision"]["reasons"]), calls[2]
+    for call in (calls[1], calls[3]):
+        assert call["result"]["is_error"] is False, call
+        assert '"timezone": "UTC"' in call["result"]["content"][0]["text"], call
+    marked = next(document for document in rest if document.get("name") == "get_current_time")
+    assert marked["dangerous"] is True and marked["marked_dangerous"] is True, marked
