@@ -46,7 +46,7 @@ from kestrel_one.mcp.selectors import (
     tools_of,
 )
 from kestrel_one.tenancy.models import Environment
-from runners.contract.mcp import MANAGED_SERVERS, WORKSPACE_MOUNTS
+from runners.contract.mcp import BRIDGE_BLOCKED_DESTINATIONS, MANAGED_SERVERS, WORKSPACE_MOUNTS
 
 TEMPLATES = "console/mcp/"
 MANAGED_CHOICES = [(name, name) for name in sorted(MANAGED_SERVERS)]
@@ -321,6 +321,7 @@ class _OneServer(ConsoleView):
             "egress_text": extra.pop("egress_text", egress_as_text(server.egress)),
             "egress_awaiting": EGRESS_AWAITING_GATEWAY,
             "egress_void": EGRESS_VOID,
+            "bridge_blocked": BRIDGE_BLOCKED_DESTINATIONS,
             "can_write": self.can("mcp:write"),
             "errors": errors or [],
             "notice": {

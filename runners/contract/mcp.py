@@ -58,6 +58,11 @@ WORKSPACE_MOUNTS = ("none", "ro", "rw")
 # only choice) or ``bridge`` (a custom server's unrestricted networking, MCP-4; the Docker
 # host and its gateway address stay blocked).
 NETWORKS = ("none", "bridge")
+# What a bridged server's forwarded traffic never reaches, besides the Docker host's own
+# addresses: the link-local range (cloud metadata and container credential endpoints) and the
+# metadata services outside it (Alibaba Cloud's). The runner's firewall drops them
+# (runners/mcp/network.py); the console names them where an admin accepts the risk.
+BRIDGE_BLOCKED_DESTINATIONS = ("169.254.0.0/16", "100.100.100.200")
 
 # Bounds on what a server may tell us: its tool list and each definition (recorded, signed
 # into commands, shown to admins), and one call's output as returned to the control plane.

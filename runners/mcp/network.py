@@ -20,6 +20,7 @@ from typing import Any
 
 import docker.errors
 
+from runners.contract.mcp import BRIDGE_BLOCKED_DESTINATIONS
 from runners.mcp.errors import McpStartFailed
 from runners.sandbox.docker import LABEL_PREFIX, MANAGED_LABEL
 
@@ -27,9 +28,6 @@ __all__ = ["BRIDGE_INTERFACE", "OPEN_NETWORK", "ensure_open_network", "host_bloc
 
 OPEN_NETWORK = "kestrel-mcp-open"
 BRIDGE_INTERFACE = "kestrel-mcp0"
-LINK_LOCAL = "169.254.0.0/16"
-# Cloud metadata services outside the link-local range (Alibaba Cloud's), dropped the same way.
-METADATA_ADDRESSES = ("100.100.100.200",)
 _OPTIONS = {
     "com.docker.network.bridge.enable_icc": "false",
     "com.docker.network.bridge.name": BRIDGE_INTERFACE,
@@ -78,8 +76,8 @@ def host_block_rules(gateways: list[str], host_addresses: list[str]) -> list[lis
     rules = [["INPUT", "-i", BRIDGE_INTERFACE, "-j", "DROP"]]
     for address in sorted(set(gateways)):
         rules.append(["INPUT", "-i", BRIDGE_INTERFACE, "-d", address, "-j", "DROP"])
-    for metadata in (LINK_LOCAL, *METADATA_ADDRESSES):
-        rules.append(["DOCKER-USER", "-i", BRIDGE_INTERFACE, "-d", metadata, "-j", "DROP"])
+    for blocked in BRIDGE_BLOCKED_DESTINATIONS:
+        rules.append(["DOCKER-USER", "-i", BRIDGE_INTERFACE, "-d", blocked, "-j", "DROP"])
     for address in sorted(set(gateways) | set(host_addresses)):
         rules.append(
             [

@@ -22,6 +22,7 @@ from kestrel_one.audit.models import AuditRecord
 from kestrel_one.console.sudo import sudo_stamp
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
 from kestrel_one.mcp.profiles import risk_acceptance_in_force
+from runners.mcp.network import host_block_rules
 from tests.api.routes import database_fingerprint
 from tests.console.pages import mcp_server_in
 
@@ -340,6 +341,20 @@ def test_an_admin_accepts_and_withdraws_a_networking_risk(world, server):
     html = admin.get(page).content.decode()
     assert f"under risk acceptance <code>{risk.public_id}</code>" in html
     assert AuditRecord.objects.filter(action="mcp.risk.accept", target_id=risk.public_id).exists()
+
+
+@pytest.mark.spec("MCP-4")
+def test_the_risk_form_names_every_destination_the_runners_firewall_keeps_from_the_server(
+    world, server
+):
+    """Whoever accepts the risk reads what the server will not reach: the Docker host and
+    each destination the runner drops for a bridged server, from the same list."""
+    html = _client(world["admin"].user).get(_page(world, server)).content.decode()
+    section = html[html.index('id="risk-heading"') :]
+    for blocked in host_block_rules([], []):
+        if blocked[0] == "DOCKER-USER" and blocked[3] == "-d":
+            assert blocked[4] in section, blocked
+    assert "except the Docker host itself and 169.254.0.0/16, 100.100.100.200." in section
 
 
 @pytest.mark.spec("MCP-4")
