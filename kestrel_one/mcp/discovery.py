@@ -311,14 +311,19 @@ def _observe_existing(tool: McpTool, listed, now) -> str | None:
             return None
         _pending(tool, definition, sha, flags, reason, now)
         return "changed"
-    if sha == tool.definition_sha256:
+    if tool.definition_sha256 and sha == tool.definition_sha256:
         if tool.state == McpTool.State.ENABLED:
             return None
-        # The server lists the recorded (reviewed) definition again: callable as recorded.
-        tool.state = McpTool.State.ENABLED
         tool.pending_definition, tool.pending_sha256 = None, ""
         tool.pending_flags, tool.pending_seen_at = [], None
         tool.pending_unusable_reason = ""
+        if tool.unusable_reason:
+            # Recorded unusable, then no longer listed (removed): listed again as it was, it
+            # is unusable again, never callable (its digest is the recorded one all the same).
+            tool.state = McpTool.State.UNUSABLE
+            return "unusable"
+        # The server lists the recorded (reviewed) definition again: callable as recorded.
+        tool.state = McpTool.State.ENABLED
         return "reverted"
     if tool.state == McpTool.State.CHANGED and sha == tool.pending_sha256:
         return None

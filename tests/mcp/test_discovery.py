@@ -400,6 +400,41 @@ def test_accepting_a_definition_that_cannot_be_called_records_the_tool_unusable(
     assert accepted.pending_unusable_reason == ""
 
 
+@pytest.mark.spec("MCP-5")
+def test_an_unusable_tool_listed_again_after_it_went_stays_unusable(
+    started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """A tool recorded unusable that the server stopped listing was ``removed``; listed
+    again as it was, its digest equalled the recorded one, so it came back ``enabled``
+    without anyone's review: an output schema that refers outside itself (or is not a JSON
+    Schema) checks no argument, so it was called. Listed again, it is unusable again."""
+    server, discovery, _ = started
+    remote_output = {
+        **ECHO,
+        "name": "remote_output",
+        "outputSchema": {"$ref": "http://169.254.169.254/latest/meta-data#/x"},
+    }
+    bad_output = {
+        **ECHO,
+        "name": "bad_output",
+        "outputSchema": {"type": "object", "properties": 5},
+    }
+    listed = [ECHO, remote_output, bad_output]
+    discovery_ingest(report(discovery, runner, runner_key, tools=listed))
+    for name in ("remote_output", "bad_output"):
+        assert McpTool.objects.get(server=server, name=name).state == McpTool.State.UNUSABLE
+    capture = django_capture_on_commit_callbacks
+    gone = refresh(server, runner, runner_key, sent, capture, [ECHO])
+    assert gone.summary["removed"] == ["bad_output", "remote_output"]
+    back = refresh(server, runner, runner_key, sent, capture, listed)
+    for name in ("remote_output", "bad_output"):
+        tool = McpTool.objects.get(server=server, name=name)
+        assert tool.state == McpTool.State.UNUSABLE, name
+        assert "outputSchema" in tool.unusable_reason
+    assert sorted(back.summary["unusable"]) == ["bad_output", "remote_output"]
+    assert McpTool.objects.get(server=server, name="echo").state == McpTool.State.ENABLED
+
+
 def test_a_failed_first_discovery_fails_the_server(started, runner, runner_key):
     server, discovery, _ = started
     error = {"code": "mcp_start_failed", "message": "the server did not initialize"}
