@@ -364,6 +364,7 @@ def tools_observe(
     changes: dict[str, str] = {}
     created: list[McpTool] = []
     updated: list[McpTool] = []
+    dropped: list[int] = []
     for name, listed in sorted(observed.items()):
         tool = existing.get(name)
         if tool is None:
@@ -373,6 +374,13 @@ def tools_observe(
             created.append(new)
             changes[name] = change
             continue
+        if listed is None and tool.state == McpTool.State.NEW:
+            # Never accepted, so never callable, and no longer listed: forgotten (the
+            # discovery's summary names it), or a server listing new names at each refresh
+            # would grow its recorded tools without bound.
+            dropped.append(tool.pk)
+            changes[name] = "removed"
+            continue
         change = _observe_existing(tool, listed, now)
         if change is not None:
             updated.append(tool)
@@ -381,6 +389,8 @@ def tools_observe(
         McpTool.objects.bulk_create(created)
     if updated:
         McpTool.objects.bulk_update(updated, _UPDATED_FIELDS)
+    if dropped:
+        McpTool.objects.filter(pk__in=dropped).delete()
     return changes
 
 

@@ -435,6 +435,27 @@ def test_an_unusable_tool_listed_again_after_it_went_stays_unusable(
     assert McpTool.objects.get(server=server, name="echo").state == McpTool.State.ENABLED
 
 
+def test_a_new_tool_no_longer_listed_is_forgotten(
+    started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """A tool first listed after install was kept, ``removed``, once the server stopped
+    listing it: a server listing other new names at each refresh grew its recorded tools
+    (one answer of GET .../tools, one page of the console) past any bound. One never
+    accepted is forgotten when it goes; the discovery's summary names it."""
+    server, discovery, _ = started
+    discovery_ingest(report(discovery, runner, runner_key, tools=[ECHO]))
+    capture = django_capture_on_commit_callbacks
+    for round_ in range(3):
+        rotated = [{"name": f"new_{round_}_{n}", "inputSchema": {"type": "object"}} for n in (1, 2)]
+        later = refresh(server, runner, runner_key, sent, capture, [ECHO, *rotated])
+    assert later.summary["removed"] == ["new_1_1", "new_1_2"]
+    assert sorted(server.tools.values_list("name", flat=True)) == ["echo", "new_2_1", "new_2_2"]
+    assert server.tools.get(name="new_2_1").state == McpTool.State.NEW
+    # A tool once recorded callable stays recorded when it goes.
+    refresh(server, runner, runner_key, sent, capture, [])
+    assert list(server.tools.values_list("name", "state")) == [("echo", McpTool.State.REMOVED)]
+
+
 def test_a_failed_first_discovery_fails_the_server(started, runner, runner_key):
     server, discovery, _ = started
     error = {"code": "mcp_start_failed", "message": "the server did not initialize"}
