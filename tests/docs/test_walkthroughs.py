@@ -31,10 +31,15 @@ def readme_tour() -> str:
     return shell_blocks(_readme_tour_section())[0]
 
 
+def _section(document: str, heading: str) -> str:
+    """The part of a Markdown file under ``heading``, up to the next heading of its level."""
+    text = (ROOT / document).read_text()
+    section = text[text.index(heading) :]
+    return section[: section.index("\n## ", 1)]
+
+
 def _readme_tour_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    tour = readme[readme.index("## A short tour") :]
-    return tour[: tour.index("\n## ", 1)]
+    return _section("README.md", "## A short tour")
 
 
 def readme_console_pages() -> list[str]:
@@ -160,9 +165,7 @@ def test_the_api_walkthrough_runs_as_written(server):
 
 
 def mcp_walkthrough() -> str:
-    guide = (ROOT / "docs/mcp.md").read_text()
-    section = guide[guide.index("## Try it") :]
-    return shell_blocks(section[: section.index("\n## ", 1)])[0]
+    return shell_blocks(_section("docs/mcp.md", "## Try it"))[0]
 
 
 @pytest.mark.spec("MCP-1", "POL-8")
