@@ -39,6 +39,7 @@ from kestrel_one.mcp.profiles import (
     server_profile,
 )
 from kestrel_one.mcp.selectors import (
+    PENDING_REVIEW,
     mcp_servers_of,
     risk_acceptance_state,
     risk_acceptances_of,
@@ -316,7 +317,13 @@ class _OneServer(ConsoleView):
             "profile": _pretty(profile),
             "network": network_of(server, risk_acceptance_in_force(server, now=now)),
             "tools": tools,
-            "pending": [view for view in tools if view["pending"] is not None],
+            # A removed tool keeps what it last listed as pending, but nothing of it can be
+            # reviewed (the service refuses): only the states the server's count names.
+            "pending": [
+                view
+                for view in tools
+                if view["pending"] is not None and view["tool"].state in PENDING_REVIEW
+            ],
             "risks": risks,
             "egress_text": extra.pop("egress_text", egress_as_text(server.egress)),
             "egress_awaiting": EGRESS_AWAITING_GATEWAY,

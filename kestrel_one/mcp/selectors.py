@@ -21,6 +21,7 @@ from runners.contract.mcp import DEFINITION_FIELDS
 from runners.contract.registry import TOOLS
 
 __all__ = [
+    "PENDING_REVIEW",
     "RISK_ACTIVE",
     "RISK_EXPIRED",
     "RISK_VOID",

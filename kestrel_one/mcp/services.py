@@ -557,6 +557,16 @@ def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = N
         )
     tool = McpTool.objects.select_for_update().select_related("server").get(pk=tool.pk)
     _locked_installed(tool.server)
+    if tool.state == McpTool.State.REMOVED:
+        # A tool changed and then no longer listed keeps the definition it last listed as
+        # pending; adopting it would record enabled a tool the server does not list. Listed
+        # again, it is compared anew and waits for a review then.
+        raise Conflict(
+            f"Tool '{echo(tool.name)}' is no longer listed by the server: there is nothing "
+            "to review. Refresh the server; if it lists the tool again, its definition waits "
+            "for review then.",
+            details={"accept": ["the tool is removed"]},
+        )
     if tool.pending_definition is None:
         raise Conflict(
             f"Tool '{echo(tool.name)}' has no pending definition to review (state {tool.state}).",

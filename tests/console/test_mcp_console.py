@@ -264,6 +264,28 @@ def test_egress_entries_are_parsed_strictly_with_every_error_at_its_path(world, 
     assert "stays network-off until a trusted egress gateway exists" in html
 
 
+@pytest.mark.spec("MCP-5")
+def test_a_removed_tool_is_offered_no_review_and_its_review_is_refused(world, server):
+    """A tool changed and then no longer listed keeps what it last listed as pending: its
+    page offered Accept, which recorded enabled a tool the server does not list."""
+    admin = _client(world["admin"].user)
+    page = _page(world, server)
+    McpTool.objects.filter(server=server, name="poisoned").update(state=McpTool.State.REMOVED)
+    html = admin.get(page).content.decode()
+    assert "Waiting for review" not in html
+    assert f"{page}/tools/poisoned/review" not in html
+    poisoned = server.tools.get(name="poisoned")
+    token = _token(html)
+    response = admin.post(
+        f"{page}/tools/poisoned/review",
+        {"accept": "yes", "sha256": poisoned.pending_sha256, "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 409
+    assert "no longer listed by the server" in response.content.decode()
+    poisoned.refresh_from_db()
+    assert poisoned.state == McpTool.State.REMOVED
+
+
 @pytest.mark.spec("MCP-1")
 def test_an_admin_reviews_a_changed_tool_and_marks_one_dangerous(world, server):
     admin = _client(world["admin"].user)

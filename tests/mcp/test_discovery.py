@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.common.errors import Conflict
 from kestrel_one.execution.enrollment import call_pool_for, runner_enroll, runner_revoke
 from kestrel_one.execution.keys import control_public_key_pem
 from kestrel_one.mcp.discovery import (
@@ -454,6 +455,42 @@ def test_a_new_tool_no_longer_listed_is_forgotten(
     # A tool once recorded callable stays recorded when it goes.
     refresh(server, runner, runner_key, sent, capture, [])
     assert list(server.tools.values_list("name", "state")) == [("echo", McpTool.State.REMOVED)]
+
+
+@pytest.mark.spec("MCP-5", "POL-5")
+def test_a_removed_tool_cannot_be_reviewed(
+    world, started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """A tool that changed and was then no longer listed is ``removed`` but keeps the
+    definition it last listed as pending. Accepting it recorded the tool ``enabled`` (and
+    counted among the server's enabled tools) while the server listed no such tool; a
+    review of a removed tool is refused now, and the tool stays as discovered."""
+    server, discovery, _ = started
+    discovery_ingest(report(discovery, runner, runner_key, tools=[ECHO]))
+    capture = django_capture_on_commit_callbacks
+    changed = {**ECHO, "description": "Echo the text back, louder."}
+    refresh(server, runner, runner_key, sent, capture, [changed])
+    gone = refresh(server, runner, runner_key, sent, capture, [])
+    assert gone.summary["removed"] == ["echo"]
+    echo = McpTool.objects.get(server=server, name="echo")
+    assert echo.state == McpTool.State.REMOVED
+    assert echo.pending_sha256 == tool_definition_digest(changed)
+    person = Principal(PrincipalKind.TOKEN, user=world["admin"].user, token=world["admin"].token)
+    for accept in (True, False):
+        with pytest.raises(Conflict) as refused:
+            mcp_tool_review(actor=person, tool=echo, accept=accept, sha256=echo.pending_sha256)
+        assert "no longer listed by the server" in refused.value.message
+        assert refused.value.details == {"accept": ["the tool is removed"]}
+    echo.refresh_from_db()
+    assert echo.state == McpTool.State.REMOVED and echo.definition == ECHO
+    assert echo.reviewed_at is None
+    assert not AuditRecord.objects.filter(action="mcp.tool.review").exists()
+    # Listed again as it last was, it waits for a review, which may then accept it.
+    refresh(server, runner, runner_key, sent, capture, [changed])
+    echo.refresh_from_db()
+    assert echo.state == McpTool.State.CHANGED
+    accepted = mcp_tool_review(actor=person, tool=echo, accept=True, sha256=echo.pending_sha256)
+    assert accepted.state == McpTool.State.ENABLED and accepted.definition == changed
 
 
 def test_a_failed_first_discovery_fails_the_server(started, runner, runner_key):
