@@ -16,6 +16,7 @@ Its registry here has no retrieval: such a reference resolves to nothing.
 
 from __future__ import annotations
 
+import heapq
 import json
 import sys
 from collections.abc import Mapping
@@ -41,12 +42,21 @@ def _field(error: Any) -> str:
 
 def argument_errors(schema: Any, arguments: Any, limit: int) -> list[list[str]]:
     """``[field, message]`` of each error of ``arguments`` under ``schema``, at most
-    ``limit``, ordered by path."""
-    errors = sorted(
+    ``limit``, ordered by path: the ``limit`` first by path of all of them.
+
+    Only those are kept while the others are made: the schema is the server's and the
+    arguments the caller's, and together they can have any number of errors (each branch of
+    an ``allOf`` for each of a hundred thousand keys), each an object with its message, so
+    holding all of them to sort them took hundreds of MiB within the check's time bound.
+    Not the first ``limit`` found: jsonschema finds some in the order of a set (extra
+    properties), which differs from one process to the next, and the same call would be
+    refused with other errors each time."""
+    errors = heapq.nsmallest(
+        max(limit, 0),
         Draft202012Validator(schema, registry=Registry()).iter_errors(arguments),
         key=lambda error: list(map(str, error.path)),
     )
-    return [[_field(error), error.message[:MAX_MESSAGE_CHARS]] for error in errors[:limit]]
+    return [[_field(error), error.message[:MAX_MESSAGE_CHARS]] for error in errors]
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import weakref
 
 import pytest
 
@@ -23,7 +24,8 @@ from kestrel_one.execution.plans import plan_accept, plan_propose
 from kestrel_one.execution.policy_preview import decisions_preview
 from kestrel_one.execution.services import action_dispatch, action_request, report_ingest
 from kestrel_one.governance.services import policy_publish_environment
-from kestrel_one.mcp.calls import pinned_of
+from kestrel_one.mcp import schema_worker
+from kestrel_one.mcp.calls import MAX_ARGUMENT_ERRORS, pinned_of
 from kestrel_one.mcp.models import McpServer, McpTool
 from kestrel_one.mcp.schema_check import CHECK_TIMEOUT_SECONDS
 from kestrel_one.threads.services import thread_create
@@ -293,6 +295,42 @@ def test_a_schema_too_costly_to_check_refuses_the_call_and_holds_nothing(mcp):
     assert "does not match" in error["message"]
     accepted = mcp.post({**call, "arguments": {"text": "aaa"}})
     assert accepted.status_code in (201, 202), accepted.content
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_check_holds_no_more_errors_than_it_names(monkeypatch):
+    """A server's schema and a caller's arguments can have any number of errors together
+    (an ``allOf`` branch failing for each of a hundred thousand keys): the helper held every
+    one of them, each an object with its message, to sort them before keeping the first
+    twenty, hundreds of MiB within the check's time bound. It holds the twenty it names."""
+    alive = {"now": 0, "most": 0}
+    validator_class = schema_worker.Draft202012Validator
+
+    def _gone() -> None:
+        alive["now"] -= 1
+
+    class Counting:
+        def __init__(self, schema, registry):
+            self.validator = validator_class(schema, registry=registry)
+
+        def iter_errors(self, instance):
+            for error in self.validator.iter_errors(instance):
+                alive["now"] += 1
+                alive["most"] = max(alive["most"], alive["now"])
+                weakref.finalize(error, _gone)
+                yield error
+                del error
+
+    monkeypatch.setattr(schema_worker, "Draft202012Validator", Counting)
+    schema = {"type": "object", "additionalProperties": {"type": "string"}}
+    arguments = {f"key_{n:04}": n for n in range(1000)}
+    errors = schema_worker.argument_errors(schema, arguments, MAX_ARGUMENT_ERRORS)
+    assert alive["most"] <= MAX_ARGUMENT_ERRORS + 2  # the heap, the one compared, the top
+    # Still the first by path of all of them, whatever order jsonschema found them in.
+    assert errors == [
+        [f"args.arguments.key_{n:04}", f"{n} is not of type 'string'"]
+        for n in range(MAX_ARGUMENT_ERRORS)
+    ]
 
 
 @pytest.mark.spec("POL-8")
