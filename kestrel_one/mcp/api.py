@@ -271,13 +271,29 @@ class McpServerViewSet(OrgScopedViewSet):
         return Response(selectors.risk_acceptance_body(acceptance))
 
 
+class InventoryPages(PublicIdCursorPagination):
+    ordering = "inventory_key"
+
+
 class OrgToolInventoryViewSet(OrgScopedViewSet):
     """The organization's runtime inventory (POL-7): the registry's tools and every
-    installed server's recorded tools, each with the capability it needs."""
+    installed server's recorded tools, each with the capability it needs. The recorded
+    tools come in cursor pages (``?limit=``, then ``next``), the registry's on every page."""
 
     scope_map = {"GET": "org:read"}
     queryset = McpServer.objects.none()
 
     @extend_schema(operation_id="org_tools_retrieve", responses={200: OpenApiTypes.OBJECT})
     def retrieve(self, request, *args, **kwargs):
-        return Response(selectors.org_tool_inventory(self.organization))
+        paginator: CursorPagination = InventoryPages()
+        page = paginator.paginate_queryset(
+            selectors.inventory_tools_of(self.organization), request, self
+        )
+        return Response(
+            {
+                "tools": selectors.registry_inventory(),
+                "mcp_tools": [selectors.inventory_tool_body(tool) for tool in page or []],
+                "next": paginator.get_next_link(),
+                "previous": paginator.get_previous_link(),
+            }
+        )

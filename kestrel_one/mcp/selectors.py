@@ -8,7 +8,8 @@ is ``expired`` from its ``expires_at`` alone, whether or not the sweep has recor
 
 from __future__ import annotations
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import CharField, Count, Q, QuerySet, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
@@ -26,8 +27,10 @@ __all__ = [
     "RISK_EXPIRED",
     "RISK_VOID",
     "RISK_WITHDRAWN",
+    "inventory_tool_body",
+    "inventory_tools_of",
     "mcp_servers_of",
-    "org_tool_inventory",
+    "registry_inventory",
     "risk_acceptance_body",
     "risk_acceptance_state",
     "risk_acceptances_of",
@@ -174,11 +177,9 @@ def risk_acceptance_body(acceptance: McpRiskAcceptance, *, now=None) -> dict:
     }
 
 
-def org_tool_inventory(organization) -> dict:
-    """The organization's runtime inventory (POL-7): every registered tool with the
-    capability it needs, and each installed server's recorded tools (each needs
-    ``mcp.call``; whether it is dangerous comes from the record, POL-8)."""
-    registry = [
+def registry_inventory() -> list[dict]:
+    """Every registered tool with the capability it needs (POL-7): a fixed, short list."""
+    return [
         {
             "name": spec.name,
             "capability": spec.capability,
@@ -188,24 +189,37 @@ def org_tool_inventory(organization) -> dict:
         }
         for spec in sorted(TOOLS.values(), key=lambda s: s.name)
     ]
-    recorded = (
+
+
+def inventory_tools_of(organization) -> QuerySet[McpTool]:
+    """The recorded tools of the organization's installed servers, in cursor pages.
+
+    Many servers times their recorded tools is no bounded list, so the API pages it by
+    ``inventory_key``: the server's public id (all of one length) then the tool's name,
+    unique and in (server, tool) order, with no row number in a cursor. Pending definitions
+    are not read: the inventory shows what is recorded."""
+    return (
         McpTool.objects.filter(
             server__organization=organization, server__state__in=_LISTED_SERVER_STATES
         )
         .select_related("server", "server__environment")
-        .order_by("server__environment__public_id", "server__name", "name")
+        .defer("pending_definition", "pending_flags")
+        .annotate(
+            inventory_key=Concat("server__public_id", Value(":"), "name", output_field=CharField())
+        )
     )
-    mcp = [
-        {
-            "tool": "mcp.call",
-            "server": tool.server.public_id,
-            "server_name": tool.server.name,
-            "environment": tool.server.environment.public_id,
-            "name": tool.name,
-            "capability": "mcp.call",
-            "dangerous": tool.dangerous,
-            "state": tool.state,
-        }
-        for tool in recorded
-    ]
-    return {"tools": registry, "mcp_tools": mcp}
+
+
+def inventory_tool_body(tool: McpTool) -> dict:
+    """One recorded tool of the runtime inventory: it needs ``mcp.call``; whether it is
+    dangerous comes from the record (POL-8)."""
+    return {
+        "tool": "mcp.call",
+        "server": tool.server.public_id,
+        "server_name": tool.server.name,
+        "environment": tool.server.environment.public_id,
+        "name": tool.name,
+        "capability": "mcp.call",
+        "dangerous": tool.dangerous,
+        "state": tool.state,
+    }

@@ -492,6 +492,38 @@ def test_the_org_inventory_lists_each_installed_servers_recorded_tools(world):
     assert foreign["mcp_tools"] == []
 
 
+@pytest.mark.spec("POL-7")
+def test_the_org_inventory_pages_the_recorded_tools_of_every_server(world):
+    """Every installed server's recorded tools came in one answer: servers are not bounded in
+    number, each records up to 256 tools and keeps those it once recorded callable, so the
+    answer (and the rows read for it, definitions and all) had no bound. They come in cursor
+    pages now, as every list does, with the registry's tools on each page."""
+    admin = world["admin"].client()
+    listed = []
+    for name in ("alpha", "beta", "gamma"):
+        server = installed(admin, world, name=name)
+        tools = [{**ECHO, "name": f"tool_{n}"} for n in range(4)]
+        discovered(server["id"], *tools)
+        listed += [(server["id"], tool["name"]) for tool in tools]
+    viewer = world["viewer"].client()
+    url, seen, registry = "/api/v1/orgs/acme/tools?limit=5", [], None
+    while url:
+        page = viewer.get(url)
+        assert page.status_code == 200, page.content
+        body = page.json()
+        assert len(body["mcp_tools"]) <= 5
+        registry = registry or body["tools"]
+        assert body["tools"] == registry and "mcp.call" in {t["name"] for t in registry}
+        seen += [(tool["server"], tool["name"]) for tool in body["mcp_tools"]]
+        url = body["next"]
+    assert seen == sorted(listed)
+    first = viewer.get("/api/v1/orgs/acme/tools").json()
+    assert len(first["mcp_tools"]) == 12 and first["next"] is None
+    refused = viewer.get("/api/v1/orgs/acme/tools?limit=many")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["details"] == {"limit": ["invalid"]}
+
+
 def test_a_removed_server_takes_no_change_through_the_services(world):
     """The console calls the services directly: they refuse a removed server themselves."""
     admin = world["admin"]
