@@ -12,9 +12,9 @@ JSON Schema, a definition over the bounds), recorded unusable with the reason. A
 is a diff against the record: the same digest is unchanged; a different one is *changed*
 (the listed definition pending, the tool disabled until an admin reviews it: a changed
 description is how tool poisoning arrives); a tool listed for the first time is *new*
-(pending too); one no longer listed is *removed*. Descriptions and schemas are untrusted
-text: flagged with the injection patterns (``kestrel_one.common.injection``), shown, never
-followed. A failed first discovery fails the server; a failed refresh of the same image
+(pending too); one no longer listed is *removed* (forgotten if it was new or unusable, never
+callable as recorded). Descriptions and schemas are untrusted text: flagged with the
+injection patterns (``kestrel_one.common.injection``), shown, never followed. A failed first discovery fails the server; a failed refresh of the same image
 keeps the recorded tools and the server ready, with the error shown.
 
 ``mcp_sweep`` (beat) fails discoveries nobody answered by their deadline (``no_runner``) and
@@ -374,10 +374,11 @@ def tools_observe(
             created.append(new)
             changes[name] = change
             continue
-        if listed is None and tool.state == McpTool.State.NEW:
-            # Never accepted, so never callable, and no longer listed: forgotten (the
-            # discovery's summary names it), or a server listing new names at each refresh
-            # would grow its recorded tools without bound.
+        if listed is None and tool.state in (McpTool.State.NEW, McpTool.State.UNUSABLE):
+            # Not callable as recorded (never accepted, or unusable), and no longer listed:
+            # forgotten (the discovery's summary names it), or a server listing new names at
+            # each refresh would grow its recorded tools without bound. Listed again, it is
+            # recorded again as any tool listed after install: unusable, or new (pending).
             dropped.append(tool.pk)
             changes[name] = "removed"
             continue

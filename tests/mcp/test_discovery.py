@@ -457,6 +457,39 @@ def test_a_new_tool_no_longer_listed_is_forgotten(
     assert list(server.tools.values_list("name", "state")) == [("echo", McpTool.State.REMOVED)]
 
 
+@pytest.mark.spec("MCP-5")
+def test_an_unusable_tool_no_longer_listed_is_forgotten(
+    started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """New tools are forgotten when they go, but one listed unusable (a name no policy can
+    name, a schema that is not a JSON Schema) was kept, ``removed``, for good: a server
+    listing 256 other unusable tools at each refresh added 256 rows (schemas and all) each
+    time, to one answer of GET .../tools and one console page, without anyone accepting
+    anything. Never callable as recorded, it is forgotten too; listed again, it is recorded
+    unusable again."""
+    server, discovery, _ = started
+    bad = {"name": "bad_schema", "inputSchema": {"type": "object", "properties": 5}}
+    discovery_ingest(report(discovery, runner, runner_key, tools=[ECHO, bad]))
+    assert server.tools.get(name="bad_schema").state == McpTool.State.UNUSABLE
+    capture = django_capture_on_commit_callbacks
+    for round_ in range(3):
+        rotated = [{**bad, "name": f"bad_{round_}_{n}"} for n in (1, 2)]
+        later = refresh(server, runner, runner_key, sent, capture, [ECHO, *rotated])
+        assert later.summary["unusable"] == [f"bad_{round_}_1", f"bad_{round_}_2"]
+    assert later.summary["removed"] == ["bad_1_1", "bad_1_2"]
+    assert sorted(server.tools.values_list("name", "state")) == [
+        ("bad_2_1", McpTool.State.UNUSABLE),
+        ("bad_2_2", McpTool.State.UNUSABLE),
+        ("echo", McpTool.State.ENABLED),
+    ]
+    back = refresh(server, runner, runner_key, sent, capture, [ECHO, bad])
+    assert back.summary["unusable"] == ["bad_schema"]
+    again = server.tools.get(name="bad_schema")
+    assert again.state == McpTool.State.UNUSABLE and "not a valid JSON Schema" in (
+        again.unusable_reason
+    )
+
+
 @pytest.mark.spec("MCP-5", "POL-5")
 def test_a_removed_tool_cannot_be_reviewed(
     world, started, runner, runner_key, sent, django_capture_on_commit_callbacks
