@@ -14,8 +14,9 @@ is a diff against the record: the same digest is unchanged; a different one is *
 description is how tool poisoning arrives); a tool listed for the first time is *new*
 (pending too); one no longer listed is *removed* (forgotten if it was new or unusable, never
 callable as recorded). Descriptions and schemas are untrusted text: flagged with the
-injection patterns (``kestrel_one.common.injection``), shown, never followed. A failed first discovery fails the server; a failed refresh of the same image
-keeps the recorded tools and the server ready, with the error shown.
+injection patterns (``kestrel_one.common.injection``), shown, never followed. A failed first
+discovery fails the server; a failed refresh of the same image keeps the recorded tools and
+the server ready, with the error shown.
 
 ``mcp_sweep`` (beat) fails discoveries nobody answered by their deadline (``no_runner``) and
 records each risk acceptance's expiry in the audit log once (``mcp.risk.expire``).
