@@ -30,7 +30,12 @@ from kestrel_one.execution.control import mcp_risk_end_notice
 from kestrel_one.mcp.discovery import discovery_start, tool_unusable_reason
 from kestrel_one.mcp.egress import egress_parse
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
-from kestrel_one.mcp.profiles import base_profile_sha256, egress_status, risk_acceptance_covers
+from kestrel_one.mcp.profiles import (
+    EGRESS_AWAITING_GATEWAY,
+    base_profile_sha256,
+    egress_status,
+    risk_acceptance_covers,
+)
 from runners.contract.mcp import (
     DEFAULT_LIMITS,
     IMAGE_ID,
@@ -59,8 +64,9 @@ UPDATABLE = ("egress", "image", "command", "workspace", "limits")
 MANAGED_FIXED = ("image", "command", "workspace")
 # What a server runs, and on what: the program a policy's grants (by server name) reach and
 # the tools its discovery records. Installing a server or changing these is a person's
-# decision (``require_person``); an integration token may change limits and egress, and
-# remove or refresh a server, which only narrow or ask for a review.
+# decision (``require_person``), as is authoring an egress entry the grant in force does not
+# hold (``_egress_widens``); an integration token may change limits, drop egress entries,
+# and remove or refresh a server, which only narrow or ask for a review.
 RUNNABLE = ("image", "command", "workspace")
 
 # REPO[:TAG]@sha256:<64 hex>, the grammar of an OCI/Docker image reference
@@ -250,9 +256,15 @@ def _user(actor):
     return getattr(actor, "user", None)
 
 
-def _bind_egress(server: McpServer, entries: list[dict], actor, now) -> None:
-    """Authoring is approving: the entries hold for the image and base profile as they are."""
+def _bind_egress(
+    server: McpServer, entries: list[dict], actor, now, *, approving: bool = True
+) -> None:
+    """Authoring is approving: the entries hold for the image and base profile as they are.
+    Entries that only narrow the grant in force (not ``approving``) keep its binding and
+    who approved it."""
     server.egress = entries
+    if entries and not approving:
+        return
     if entries:
         server.egress_image_id = server.image_id
         server.egress_profile_sha256 = base_profile_sha256(server)
@@ -263,6 +275,19 @@ def _bind_egress(server: McpServer, entries: list[dict], actor, now) -> None:
         server.egress_profile_sha256 = ""
         server.egress_approved_by = None
         server.egress_approved_at = None
+
+
+def _egress_widens(server: McpServer, entries: list[dict]) -> bool:
+    """Whether ``entries``, bound now, would allow what the server's grant in force does
+    not: an entry it lacks, or any entry at all when the grant is void (a new image or
+    profile) and binding it again is approving it again. Until a gateway exists no entry
+    opens a network, but the grant is what the gateway will enforce (MCP-2), so approving one
+    is a person's decision as a risk acceptance is; dropping entries only narrows."""
+    if not entries:
+        return False
+    in_force = server.egress if egress_status(server) == EGRESS_AWAITING_GATEWAY else []
+    held = {(entry["host"], entry["port"], entry["protocol"]) for entry in in_force}
+    return any((entry["host"], entry["port"], entry["protocol"]) not in held for entry in entries)
 
 
 def _egress_record(server: McpServer) -> dict:
@@ -424,6 +449,14 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
     if "limits" in changes:
         server.limits = _limits_merge(changes["limits"], dict(server.limits))
     entries = egress_parse(changes["egress"]) if "egress" in changes else None
+    widens = entries is not None and _egress_widens(server, entries)
+    if widens:
+        require_person(
+            actor,
+            organization=server.organization,
+            act="approve",
+            what="egress entries beyond the MCP server's grant in force",
+        )
     after = {
         "reference": server.reference,
         "image_id": server.image_id,
@@ -437,7 +470,7 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
         server.state = McpServer.State.DISCOVERING
         server.error = None
     if entries is not None:
-        _bind_egress(server, entries, actor, now)
+        _bind_egress(server, entries, actor, now, approving=widens)
     server.save()
     discovery = discovery_start(server=server, requested_by=_user(actor)) if rediscover else None
     data: dict[str, Any] = {"changed": changed, "before": {k: before[k] for k in changed}}

@@ -4,11 +4,12 @@ allowlisted server that stays network-off while no trusted egress gateway exists
 from __future__ import annotations
 
 import pytest
+from rest_framework.test import APIClient
 
 from kestrel_one.mcp.egress import MAX_EGRESS_ENTRIES, EgressInvalid, egress_parse
 from kestrel_one.mcp.models import McpServer
 from kestrel_one.mcp.profiles import server_profile
-from tests.mcp.api_support import ECHO, URL, discovered, install, installed
+from tests.mcp.api_support import ECHO, URL, deployer_token, discovered, install, installed
 
 GOOD = {"host": "api.example.com", "port": 443, "protocol": "https"}
 
@@ -168,3 +169,43 @@ def test_an_allowlisted_server_stays_network_disabled(world):
     profile = server_profile(McpServer.objects.get(public_id=server["id"]))
     assert profile["network"] == "none" and profile["risk_acceptance"] is None
     assert "egress" not in profile
+
+
+@pytest.mark.spec("MCP-2", "POL-5")
+def test_only_a_person_approves_an_egress_entry_the_grant_does_not_hold(world):
+    """Authoring entries approves them for the server's image and profile, and that grant is
+    what a gateway will enforce. An integration token holding ``mcp:write`` used to author
+    any entry, or bind entries again after a new profile voided them: a widening with no
+    person deciding. Dropping entries only narrows, and stays open to it."""
+    admin = world["admin"].client()
+    other = {"host": "files.example.com", "port": 443, "protocol": "https"}
+    server = installed(admin, world, egress=[GOOD, other])
+    discovered(server["id"], ECHO)
+    deployer = APIClient(
+        REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {deployer_token(world)}"
+    )
+    path = f"{URL}/{server['id']}"
+    added = {"host": "upload.example.com", "port": 443, "protocol": "https"}
+    refused = deployer.patch(path, {"egress": [GOOD, added]}, format="json")
+    assert refused.status_code == 403, refused.content
+    assert refused.json()["error"]["code"] == "permission_denied"
+    assert "Only a person can approve egress entries" in refused.json()["error"]["message"]
+    assert McpServer.objects.get(public_id=server["id"]).egress == [GOOD, other]
+
+    narrowed = deployer.patch(path, {"egress": [GOOD]}, format="json")
+    assert narrowed.status_code == 200, narrowed.content
+    assert narrowed.json()["egress"] == [GOOD]
+    assert narrowed.json()["network"]["egress"] == "awaiting_gateway"
+    # The grant it narrowed is still the admin's.
+    assert McpServer.objects.get(public_id=server["id"]).egress_approved_by == world["admin"].user
+
+    # New limits void the grant; binding the same entries again approves them again.
+    voided = deployer.patch(path, {"limits": {"cpus": 0.5}}, format="json")
+    assert voided.status_code == 200 and voided.json()["network"]["egress"] == "void"
+    rebound = deployer.patch(path, {"egress": [GOOD]}, format="json")
+    assert rebound.status_code == 403, rebound.content
+    assert deployer.patch(path, {"egress": []}, format="json").status_code == 200
+
+    approved = admin.patch(path, {"egress": [GOOD, added]}, format="json")
+    assert approved.status_code == 200, approved.content
+    assert approved.json()["network"]["egress"] == "awaiting_gateway"
