@@ -27,6 +27,7 @@ from django.utils.http import urlencode
 
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.console.base import ConsoleView
+from kestrel_one.console.paging import page_of
 from kestrel_one.governance.drafts import policy_diff
 from kestrel_one.mcp import services
 from kestrel_one.mcp.models import McpServer, McpTool
@@ -50,6 +51,7 @@ from kestrel_one.tenancy.models import Environment
 from runners.contract.mcp import BRIDGE_BLOCKED_DESTINATIONS, MANAGED_SERVERS, WORKSPACE_MOUNTS
 
 TEMPLATES = "console/mcp/"
+SERVERS_PER_PAGE = 50
 MANAGED_CHOICES = [(name, name) for name in sorted(MANAGED_SERVERS)]
 # The most egress text a form takes (64 entries of the longest host are well under it).
 MAX_EGRESS_TEXT = 32 * 1024
@@ -172,12 +174,17 @@ def _service_errors(error: KestrelError) -> list[str]:
     return lines
 
 
-def servers_listed(organization) -> list[dict[str, Any]]:
-    """The installed servers with their networking, in a fixed number of queries: the risk
-    acceptances in force are read once for all of them."""
-    servers = list(mcp_servers_of(organization).order_by("environment__name", "name")[:500])
+def servers_listed(organization, page_number: str | None) -> tuple[Any, list[dict[str, Any]]]:
+    """One page of the installed servers, and each of them with its networking, in a fixed
+    number of queries: the risk acceptances in force are read once for the page."""
+    pages = page_of(
+        mcp_servers_of(organization).order_by("environment__name", "name", "pk"),
+        page_number,
+        per_page=SERVERS_PER_PAGE,
+    )
+    servers = list(pages)
     in_force = risk_acceptances_in_force(servers)
-    return [
+    return pages, [
         {"server": server, "network": network_of(server, in_force.get(server.pk))}
         for server in servers
     ]
@@ -267,9 +274,11 @@ class McpServersView(ConsoleView):
         return _back(f"/console/{org}/mcp-servers/{server.public_id}", installed="1")
 
     def servers_page(self, form, *, status: int = 200, errors: list[str] | None = None):
+        pages, rows = servers_listed(self.organization, self.request.GET.get("page"))
         context = {
             "form": form,
-            "rows": servers_listed(self.organization),
+            "pages": pages,
+            "rows": rows,
             "environments": self.environments(),
             "managed_choices": MANAGED_CHOICES,
             "workspace_choices": WORKSPACE_MOUNTS,

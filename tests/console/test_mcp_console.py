@@ -19,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.console import mcp as console_mcp
 from kestrel_one.console.sudo import sudo_stamp
 from kestrel_one.mcp.models import McpRiskAcceptance, McpServer, McpTool
 from kestrel_one.mcp.profiles import risk_acceptance_in_force
@@ -438,3 +439,23 @@ def test_the_list_costs_the_same_queries_however_many_servers(world, server):
     for made in McpServer.objects.filter(organization=world.org):
         risk = risk_acceptance_in_force(made)
         assert risk is not None and f"<code>{risk.public_id}</code>" in html
+
+
+def test_the_list_pages_its_servers_and_loses_none(world, server, monkeypatch):
+    """The list used to show the first 500 servers and say nothing of the rest; now it is in
+    pages, each server on exactly one of them."""
+    monkeypatch.setattr(console_mcp, "SERVERS_PER_PAGE", 2, raising=False)
+    for number in range(2):
+        mcp_server_in(world.org, world.environment, name=f"more-{number}")
+    admin = _client(world["admin"].user)
+    everyone = set(
+        McpServer.objects.filter(organization=world.org).values_list("public_id", flat=True)
+    )
+    pages = []
+    for number in ("1", "2"):
+        html = admin.get(_page(world), {"page": number}).content.decode()
+        assert 'aria-label="Pages of MCP servers"' in html and f"Page {number} of 2" in html
+        pages.append({made for made in everyone if f"<code>{made}</code>" in html})
+    assert [len(page) for page in pages] == [2, 1]
+    assert pages[0] | pages[1] == everyone
+    assert ">Next</a>" in admin.get(_page(world)).content.decode()
