@@ -39,6 +39,7 @@ from runners.contract.mcp import (
     tool_definition_digest,
 )
 from runners.mcp.errors import (
+    McpError,
     McpImageMissing,
     McpProtocolError,
     McpStartFailed,
@@ -393,14 +394,13 @@ async def server_session(
         except McpStartFailed:
             raise
         except Exception as error:
+            # The SDK's task groups wrap what the start, or the session's user (a listing,
+            # a call), raised: that error is the answer, not the group (a caller catches
+            # McpError, and reports its code and details).
+            wrapped = _wrapped(error, McpStartFailed if not initialized else McpError)
+            if wrapped is not None:
+                raise wrapped from None
             if not initialized:
-                # The SDK's task groups wrap what the start raised: say that, not the group.
-                if isinstance(error, ExceptionGroup):
-                    failed, _rest = error.split(McpStartFailed)
-                    while isinstance(failed, ExceptionGroup):
-                        failed = failed.exceptions[0]
-                    if failed is not None:
-                        raise failed from None
                 raise McpStartFailed(
                     f"the server did not start ({_describe(error)}); its stderr ends: "
                     f"{errlog.text()!r}"
@@ -408,6 +408,16 @@ async def server_session(
             raise
         finally:
             remove_container(client, container_id)
+
+
+def _wrapped(error: BaseException, kind: type[McpError]) -> McpError | None:
+    """The first ``kind`` inside ``error`` if it is an exception group, else None."""
+    if not isinstance(error, BaseExceptionGroup):
+        return None
+    found: BaseException | None = error.split(kind)[0]
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found if isinstance(found, kind) else None
 
 
 def _describe(error: BaseException) -> str:

@@ -326,6 +326,28 @@ def test_discovery_lists_a_custom_servers_tools_as_the_call_check_digests_them(
 
 
 @pytest.mark.docker
+def test_a_listing_that_fails_fails_the_discovery_with_its_own_error(
+    server_image: str, engine: Any, runner_id: str
+) -> None:
+    """What the listing raised inside the server's session came out wrapped in the SDK's
+    exception groups, past ``discover``'s ``McpError``: no report was sent, and the server
+    stayed "discovering" until the control plane's own timeout. It is the report's error."""
+    command = ["python3", "/opt/h1-test/server.py", "--list-delay", "5"]
+    request = verify_request(
+        sign_discovery_request(
+            request_claims(profile=profile(server_image, command=command)), CONTROL_KEY
+        )
+    )
+    report = discover(request, runner_id=runner_id, list_timeout=1)
+    assert report["tools"] is None and report["image"] == server_image
+    assert report["error"] == {
+        "code": "mcp_timeout",
+        "message": "the server did not list its tools in time",
+    }
+    assert _discovery_containers(engine) == []
+
+
+@pytest.mark.docker
 @pytest.mark.spec("MCP-1")
 def test_discovery_verifies_a_custom_image_against_the_engine(
     server_image: str, discovering_runner: tuple[Runner, list[str]], engine: Any

@@ -10,6 +10,9 @@ that are not JSON-RPC to its stdout before it answers: how a server makes the cl
 log an error per line. Run with ``--structured``, it also has ``rows``, whose listed
 ``outputSchema`` says its rows are unique and whose result repeats them: what the client
 would check (and how long that could take) if it checked output against the schema.
+Run with ``--list-delay SECONDS``, every tools/list answers that late; and while
+/workspace/.list-error exists, tools/list answers with an error: a server that keeps its
+list slow, or refuses it, when a call comes.
 """
 
 import os
@@ -17,10 +20,15 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
 DESCRIPTION_FILE = Path("/workspace/.description")
+LIST_ERROR_FILE = Path("/workspace/.list-error")
+LIST_DELAY = (
+    float(sys.argv[sys.argv.index("--list-delay") + 1]) if "--list-delay" in sys.argv else 0
+)
 
 
 ROWS_SCHEMA = {
@@ -32,6 +40,10 @@ ROWS_SCHEMA = {
 
 class Server(MCPServer):
     async def list_tools(self):
+        if LIST_DELAY:
+            await anyio.sleep(LIST_DELAY)
+        if os.path.exists(LIST_ERROR_FILE):  # False where /workspace cannot be read
+            raise RuntimeError("no list now")
         tools = [
             tool.model_copy(update={"output_schema": ROWS_SCHEMA}) if tool.name == "rows" else tool
             for tool in await super().list_tools()
