@@ -12,9 +12,10 @@ reaches it). One line of JSON per request, one per answer:
   ``{"op": "stop_if_idle"}`` (making room under the cap).
 - ``{"op": "call", "pinned": {...}, "tool", "arguments", "timeout_s", "call_id"}``: the
   tool list is fetched and the tool's definition checked against ``pinned.tool_sha256``
-  before the call; ``{"ok": result}``, ``{"error": {"code", "message", "details"?}}``, or
-  ``{"retry": true}`` when the call was not sent (the relay is stopping, or its server
-  died idle): the worker then starts another relay.
+  before the call, both within ``timeout_s``; ``{"ok": result}``, ``{"error": {"code",
+  "message", "details"?}}``, or ``{"retry": true}`` when the call was not sent (the relay
+  is stopping, or its server died idle): the worker then starts another relay, and gives
+  it what is left of ``timeout_s``.
 
 Calls are served one at a time. A worker that disconnects before its answer (it was
 killed) ends the server at once: its container is removed, so the call has no effect after
@@ -212,7 +213,9 @@ class Relay:
 
         async def run(scope: anyio.CancelScope) -> None:
             try:
+                # One timeout for the whole call: the listing takes its share of it.
                 timeout = float(request["timeout_s"])
+                deadline = anyio.current_time() + timeout
                 try:
                     tools = await list_tools(self.session, timeout_s=timeout)
                 except McpProtocolError:
@@ -228,6 +231,7 @@ class Relay:
                     request["arguments"],
                     tools=tools,
                     timeout_s=timeout,
+                    deadline=deadline,
                 )
             except McpError as error:
                 body = {"code": error.code, "message": str(error)}

@@ -76,7 +76,7 @@ MCP_OWNER_LABEL = f"{LABEL_PREFIX}mcp-owner"
 RELAY_PREFIX = "mcp-"
 # An answer: the bounded result (text up to MAX_OUTPUT_CHARS, JSON-escaped) and its frame.
 MAX_ANSWER_BYTES = 8 * MAX_OUTPUT_CHARS + 256 * 1024
-# Beyond the call's own timeout: the list before it, and the relay's own answer.
+# Beyond the call's own timeout (which covers the list before it): the relay's own answer.
 ANSWER_GRACE_SECONDS = 30.0
 
 
@@ -133,6 +133,9 @@ class DockerMcpServers:
             "timeout_s": timeout_s,
             "call_id": call_id,
         }
+        # The call's one timeout covers every server that is asked for it: an attempt that
+        # came back unsent (a relay whose server refused its list) used part of it.
+        left = timeout_s
         for attempt in range(2):
             # The first attempt sends the call to a relay whose socket is there, unasked: a
             # relay that is gone or stopping sends nothing (_Retry), and the second attempt
@@ -142,16 +145,24 @@ class DockerMcpServers:
             )
             if relay is None:
                 break
+            asked = time.monotonic()
             try:
-                return _answer(_ask(relay, request, timeout_s + ANSWER_GRACE_SECONDS))
+                return _answer(
+                    _ask(relay, {**request, "timeout_s": left}, left + ANSWER_GRACE_SECONDS)
+                )
             except _Retry:
+                left -= time.monotonic() - asked
+                if left <= 0:
+                    raise McpTimeout(
+                        f"the call of {tool} did not end within its {timeout_s:g} s"
+                    ) from None
                 continue
             finally:
                 # The thread may have ended while the server started or the call ran (the
                 # notice reached another process): its server goes now, not when idle.
                 if self._ended(project, thread):
                     self.end_thread(project, thread)
-        return self._call_once(pinned, tool, arguments, labels, call_id, workspace, timeout_s)
+        return self._call_once(pinned, tool, arguments, labels, call_id, workspace, left)
 
     def _ended(self, project: str, thread: str) -> bool:
         if self.thread_ended is None:

@@ -512,10 +512,12 @@ async def call_pinned(
     *,
     timeout_s: float,
 ) -> dict[str, Any]:
-    """List, check the tool's definition against the signed digest, then call it once."""
+    """List, check the tool's definition against the signed digest, then call it once:
+    the listing and the call within ``timeout_s`` together."""
+    deadline = anyio.current_time() + timeout_s
     tools = await list_tools(session, timeout_s=timeout_s)
     return await call_pinned_checked(
-        session, pinned, tool, arguments, tools=tools, timeout_s=timeout_s
+        session, pinned, tool, arguments, tools=tools, timeout_s=timeout_s, deadline=deadline
     )
 
 
@@ -527,16 +529,26 @@ async def call_pinned_checked(
     *,
     tools: list[dict[str, Any]],
     timeout_s: float,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Check the tool's definition in ``tools`` (just listed) against the signed digest,
-    then call it once."""
+    then call it once.
+
+    ``timeout_s`` is the call's, and ``deadline`` (anyio's clock) when it ends: the listing
+    before the call took part of it, so the call gets what is left, never ``timeout_s``
+    afresh (without ``deadline``, ``timeout_s`` from now)."""
     server = pinned["profile"]["server"]
     check_pinned(tools, server=server, tool=tool, tool_sha256=pinned["tool_sha256"])
+    if deadline is None:
+        deadline = anyio.current_time() + timeout_s
     try:
-        with anyio.fail_after(timeout_s):
+        with anyio.fail_after(max(deadline - anyio.current_time(), 0.0)):
             result = await session.call_tool(tool, dict(arguments))
     except TimeoutError:
-        raise McpTimeout(f"the tool {tool} did not answer in {timeout_s:g} s") from None
+        raise McpTimeout(
+            f"the tool {tool} did not answer within the call's {timeout_s:g} s "
+            "(its tool list checked first)"
+        ) from None
     except Exception as error:
         raise McpProtocolError(f"tools/call failed: {_describe(error)}") from None
     return bounded_result(server, tool, result)

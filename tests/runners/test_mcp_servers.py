@@ -659,6 +659,62 @@ def test_a_throwaway_servers_errors_are_the_calls_own_with_their_details(
     assert _server_containers(engine, project) == []
 
 
+@pytest.mark.spec("RUN-3")
+def test_a_calls_one_timeout_covers_the_tool_list_checked_before_it(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+) -> None:
+    """The list before a call and the call each took the command's whole timeout, so a
+    server answering both slowly held a call twice as long, past the worker's grace. A
+    list and a call each within the timeout but not together end ``mcp_timeout``."""
+    command = ["python3", "/opt/h1-test/server.py", "--list-delay", "2.5"]
+    profile = make_profile(server_image, command=command)
+    pinned = pin(profile, listed(profile, project_workspace)["slow"])
+    for thread in ("thr_slow_list", None):  # through a relay, and a throwaway server
+        with pytest.raises(McpTimeout, match="within the call's 4 s"):
+            call(
+                servers,
+                pinned,
+                "slow",
+                {"seconds": 2.5, "text": "late"},
+                project=project,
+                thread=thread,
+                workspace=project_workspace,
+                timeout_s=4,
+            )
+
+
+@pytest.mark.spec("RUN-3")
+def test_a_relay_whose_server_refuses_its_list_leaves_the_next_one_what_is_left_of_the_timeout(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+) -> None:
+    """A relay whose server answers tools/list with an error sends the call nowhere and the
+    worker asks another server: twice through relays, then a throwaway one, each given the
+    whole timeout again. The servers asked share the call's one timeout."""
+    command = ["python3", "/opt/h1-test/server.py", "--list-delay", "2.5"]
+    profile = make_profile(server_image, command=command)
+    pinned = pin(profile, listed(profile, project_workspace)["echo"])
+    (project_workspace / ".list-error").write_text("")
+    with pytest.raises(McpTimeout):
+        call(
+            servers,
+            pinned,
+            "echo",
+            {"text": "x"},
+            project=project,
+            thread="thr_list_error",
+            workspace=project_workspace,
+            timeout_s=4,
+        )
+
+
 def test_a_changed_tools_details_travel_in_a_signed_report_bounded() -> None:
     key = generate_private_key_pem()
     error = McpToolChanged(SERVER, {"echo": {"name": "echo", "description": "new"}})
