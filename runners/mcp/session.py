@@ -165,7 +165,8 @@ def container_options(
 ) -> dict[str, Any]:
     """The ``containers.create`` arguments of a server: from its profile and nothing else
     but the VOLUMEs its image (run by the profile's id) declares (``image_volume_paths``),
-    each a tmpfs bounded like /tmp."""
+    each a tmpfs bounded like /tmp. The profile's command is the whole argv (the image's
+    ENTRYPOINT and CMD only when it is empty), and no image HEALTHCHECK runs."""
     uid, gid = workspace_owner()
     limits = profile["limits"]
     mounts = []
@@ -216,9 +217,16 @@ def container_options(
         "stdin_open": True,
         "detach": False,
         "tty": False,
+        # An image's HEALTHCHECK would have the engine exec its command in the container at
+        # the image's interval (1 ms at least), beside the server and outside its session:
+        # processes the profile does not name, and the engine's work on the host with them.
+        "healthcheck": {"test": ["NONE"]},
     }
     if profile["command"]:
-        options["command"] = list(profile["command"])
+        # The profile's command is the server's argv, as installed and signed: set as the
+        # entrypoint, so an image's ENTRYPOINT does not run it as its arguments (a wrapper
+        # nobody sees in the profile). An empty command is the image's own, both parts.
+        options["entrypoint"] = list(profile["command"])
     if mounts:
         options["working_dir"] = SERVER_WORKSPACE
     return options

@@ -499,6 +499,68 @@ def test_an_image_claiming_the_runners_labels_starts_nothing(
     check_image_labels({"Labels": None})
 
 
+@pytest.mark.spec("MCP-1", "RUN-3")
+def test_the_profiles_command_is_what_runs_and_no_image_healthcheck_does(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+) -> None:
+    """A custom image's ENTRYPOINT ran with the profile's command as its arguments (the
+    profile's command replaced only CMD), and its HEALTHCHECK had the engine exec a command
+    in the server's container every interval. The profile's command is the whole argv; an
+    empty one is the image's own; a healthcheck never runs."""
+    dockerfile = (
+        f"FROM {server_image}\n"
+        'ENTRYPOINT ["/bin/sh", "-c", "touch /workspace/entrypoint-ran; exec \\"$@\\"", "sh"]\n'
+        'CMD ["python3", "/opt/h1-test/server.py"]\n'
+        "HEALTHCHECK --interval=1s CMD touch /workspace/healthcheck-ran\n"
+    )
+    image, _logs = engine.images.build(
+        fileobj=io.BytesIO(dockerfile.encode()),
+        tag=f"{VOLUME_IMAGE}-entrypoint",
+        labels={"io.kestrel-test": "h1-entrypoint"},
+        rm=True,
+    )
+    healthcheck = ["CMD-SHELL", "touch /workspace/healthcheck-ran"]
+    assert image.attrs["Config"]["Healthcheck"]["Test"] == healthcheck
+    command = ["python3", "/opt/h1-test/server.py"]
+    profile = make_profile(str(image.id), command=command)
+    pinned = pin(profile, listed(make_profile(server_image), project_workspace)["echo"])
+    (project_workspace / "entrypoint-ran").unlink(missing_ok=True)
+    answer = call(
+        servers,
+        pinned,
+        "echo",
+        {"text": "hi"},
+        project=project,
+        thread="thr_entrypoint",
+        workspace=project_workspace,
+    )
+    assert answer["content"] == [{"type": "text", "text": "hi"}]
+    (container,) = _server_containers(engine, project)
+    attrs = engine.api.inspect_container(container.id)
+    assert [attrs["Path"], *attrs["Args"]] == command
+    assert attrs["Config"]["Healthcheck"]["Test"] == ["NONE"]
+    assert "Health" not in attrs["State"]
+    assert not (project_workspace / "entrypoint-ran").exists()
+    # No command: the image's own entrypoint and command, still without its healthcheck.
+    own = make_profile(str(image.id))
+    answer = call(
+        servers,
+        pin(own, listed(make_profile(server_image), project_workspace)["echo"]),
+        "echo",
+        {"text": "own"},
+        project=project,
+        thread=None,
+        workspace=project_workspace,
+    )
+    assert answer["content"] == [{"type": "text", "text": "own"}]
+    assert (project_workspace / "entrypoint-ran").exists()
+    assert not (project_workspace / "healthcheck-ran").exists()
+
+
 def _call_in_child(
     root: str, runner_id: str, pinned: dict[str, Any], project: str, thread: str, workspace: str
 ) -> None:
