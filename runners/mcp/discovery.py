@@ -38,14 +38,21 @@ from runners.mcp.errors import (
     McpUnavailable,
 )
 from runners.mcp.servers import owner_labels, remove_orphaned_mcp_servers
-from runners.mcp.session import ENGINE_ERRORS, START_TIMEOUT_SECONDS, list_tools, server_session
+from runners.mcp.session import (
+    ENGINE_ERRORS,
+    MAX_LISTED_BYTES,
+    START_TIMEOUT_SECONDS,
+    list_tools,
+    server_session,
+)
 from runners.workspace import workspace_owner
 
 __all__ = ["LIST_TIMEOUT_SECONDS", "MAX_REPORT_TOOLS_BYTES", "discover", "resolve_image"]
 
 LIST_TIMEOUT_SECONDS = 60.0
-# All listed definitions together, within a report the control plane takes (4 MiB).
-MAX_REPORT_TOOLS_BYTES = 3 * 1024 * 1024
+# All listed definitions together, within a report the control plane takes (4 MiB): the
+# listing itself stops there (``list_tools``).
+MAX_REPORT_TOOLS_BYTES = MAX_LISTED_BYTES
 _MAX_MESSAGE_CHARS = 4000
 
 

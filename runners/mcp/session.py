@@ -36,6 +36,7 @@ from runners.contract.canonical import canonical_json
 from runners.contract.mcp import (
     MAX_OUTPUT_CHARS,
     MAX_TOOLS,
+    tool_definition,
     tool_definition_digest,
 )
 from runners.mcp.errors import (
@@ -52,6 +53,7 @@ from runners.sandbox.docker import LABEL_PREFIX, MANAGED_LABEL
 from runners.workspace import workspace_owner
 
 __all__ = [
+    "MAX_LISTED_BYTES",
     "MCP_LABEL",
     "START_TIMEOUT_SECONDS",
     "bounded_result",
@@ -75,6 +77,9 @@ STDERR_TAIL_CHARS = 2000
 # The longest line (one JSON-RPC message) a server may write; a longer one ends its session
 # (runners/mcp/line_bound.py, between the docker command and the SDK's reader).
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# A server's whole tool list (its definitions' canonical JSON), as listed before each call
+# and at discovery, whose report carries it within the 4 MiB the control plane takes.
+MAX_LISTED_BYTES = 3 * 1024 * 1024
 LINE_BOUND = Path(__file__).with_name("line_bound.py")
 # What the docker command needs from the runner's environment to reach the same engine.
 _DOCKER_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
@@ -482,18 +487,32 @@ def listed_tool(tool: mcp_types.Tool) -> dict[str, Any]:
 
 
 async def list_tools(session: ClientSession, *, timeout_s: float) -> list[dict[str, Any]]:
-    """Every tool the server lists, following its pages; at most MAX_TOOLS of them."""
+    """Every tool the server lists, following its pages, as its definition
+    (``tool_definition``: what is digested, checked and reported); at most MAX_TOOLS of
+    them and MAX_LISTED_BYTES in all, else ``McpProtocolError`` as soon as it is past.
+
+    Each page is one line (MAX_LINE_BYTES), and a server may send MAX_TOOLS + 1 of them:
+    kept whole, a listing could hold gigabytes in the relay before every call."""
     tools: list[dict[str, Any]] = []
+    size = 0
     cursor: str | None = None
     try:
         with anyio.fail_after(timeout_s):
             for _page in range(MAX_TOOLS + 1):
                 params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
                 page = await session.list_tools(params=params)
-                tools.extend(listed_tool(tool) for tool in page.tools)
-                if len(tools) > MAX_TOOLS:
-                    raise McpProtocolError(f"the server lists more than {MAX_TOOLS} tools")
+                for tool in page.tools:
+                    if len(tools) == MAX_TOOLS:
+                        raise McpProtocolError(f"the server lists more than {MAX_TOOLS} tools")
+                    definition = tool_definition(listed_tool(tool))
+                    size += len(canonical_json(definition))
+                    if size > MAX_LISTED_BYTES:
+                        raise McpProtocolError(
+                            f"the server's tool definitions exceed {MAX_LISTED_BYTES} bytes in all"
+                        )
+                    tools.append(definition)
                 cursor = page.next_cursor
+                del page  # not held while the next one is read
                 if not cursor:
                     return tools
     except TimeoutError:

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import docker
@@ -48,12 +48,19 @@ from runners.contract.tokens import (
     verify_result,
 )
 from runners.dispatch import run_verified
-from runners.mcp.errors import McpImageMissing, McpStartFailed, McpTimeout, McpToolChanged
+from runners.mcp.errors import (
+    McpImageMissing,
+    McpProtocolError,
+    McpStartFailed,
+    McpTimeout,
+    McpToolChanged,
+)
 from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, host_block_rules
 from runners.mcp.servers import DockerMcpServers, reap_mcp_call
 from runners.mcp.session import (
     MAX_IMAGE_VOLUMES,
     MAX_LINE_BYTES,
+    MAX_LISTED_BYTES,
     MCP_LABEL,
     STDERR_TAIL_CHARS,
     bounded_result,
@@ -775,6 +782,34 @@ def test_a_relay_whose_server_refuses_its_list_leaves_the_next_one_what_is_left_
             workspace=project_workspace,
             timeout_s=4,
         )
+
+
+class _EndlessLister:
+    """A session whose server lists one tool of a 1 MB description per page, without end."""
+
+    def __init__(self) -> None:
+        self.pages = 0
+
+    async def list_tools(
+        self, params: mcp_types.PaginatedRequestParams | None = None
+    ) -> mcp_types.ListToolsResult:
+        self.pages += 1
+        tool = mcp_types.Tool(
+            name=f"tool_{self.pages}",
+            description="d" * 1_000_000,
+            input_schema={"type": "object"},
+        )
+        return mcp_types.ListToolsResult(tools=[tool], next_cursor=str(self.pages))
+
+
+def test_a_tool_list_is_bounded_in_bytes_while_it_is_read() -> None:
+    """The list before each call took up to MAX_TOOLS + 1 pages of a line each (16 MiB) and
+    held every tool whole: gigabytes in the relay for one call. It stops, failing closed,
+    once its definitions pass MAX_LISTED_BYTES, at the page that passes it."""
+    session = _EndlessLister()
+    with pytest.raises(McpProtocolError, match=f"exceed {MAX_LISTED_BYTES} bytes in all"):
+        anyio.run(lambda: list_tools(cast(Any, session), timeout_s=30))
+    assert session.pages == MAX_LISTED_BYTES // 1_000_000 + 1  # 3 MiB: the fourth page
 
 
 def test_a_changed_tools_details_travel_in_a_signed_report_bounded() -> None:
