@@ -70,7 +70,10 @@ def mcp_call(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         thread=ctx.thread,
         call_id=ctx.call_id,
         workspace=ctx.workspace,
-        timeout_s=float(args.get("timeout_s", ctx.timeout_s)),
+        # The command's limit as the runner enforces it (within its own ceiling,
+        # KESTREL_MAX_CALL_SECONDS, past which Celery ends the worker): never the
+        # argument's, which may be larger, as a sandbox's ``with_timeout`` never raises it.
+        timeout_s=min(float(args.get("timeout_s", ctx.timeout_s)), ctx.timeout_s),
     )
 
 

@@ -952,6 +952,43 @@ def test_without_docker_mcp_call_fails_mcp_unavailable(bwrap_backend: Any, works
     assert refused.value.code == "mcp_unavailable"
 
 
+class _TimeoutRecorder:
+    """An ``McpServers`` that records the timeout each call is given."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def call(self, *_args: Any, timeout_s: float, **_kwargs: Any) -> dict[str, Any]:
+        self.timeouts.append(timeout_s)
+        return {"server": SERVER, "tool": "echo", "is_error": False, "content": []}
+
+
+@pytest.mark.spec("RUN-3")
+def test_an_mcp_call_gets_the_runners_timeout_never_a_larger_argument(
+    bwrap_backend: Any, workspace: Path
+) -> None:
+    """The runner lowers a command's timeout to its own ceiling (KESTREL_MAX_CALL_SECONDS),
+    past which Celery ends the worker; ``mcp.call`` took its argument's ``timeout_s``
+    instead, which a policy may allow up to an hour. It gets the runner's."""
+    pinned = {"name": "h1-test", "profile": make_profile("sha256:" + "a" * 64)}
+    recorder = _TimeoutRecorder()
+    for asked in (3600, None, 4):
+        args: dict[str, Any] = {"server": SERVER, "tool": "echo", "arguments": {}}
+        args["pinned"] = pinned
+        if asked is not None:
+            args["timeout_s"] = asked
+        run_verified(
+            "mcp.call",
+            args,
+            workspace=workspace,
+            backend=bwrap_backend,
+            limits=ExecLimits(timeout_s=10, memory_mb=256, cpus=1, pids=64, output_kb=64),
+            labels={"call": "call_x", "project": "prj_test"},
+            mcp=cast(Any, recorder),
+        )
+    assert recorder.timeouts == [10, 10, 4]
+
+
 def _killed_mid_call(
     root: str, runner_id: str, pinned: dict[str, Any], project: str, workspace: str
 ) -> None:
