@@ -21,9 +21,10 @@ Calls are served one at a time. A worker that disconnects before its answer (it 
 killed) ends the server at once: its container is removed, so the call has no effect after
 the runner's recovery reports it lost, and it is never run twice. The relay also ends, and
 removes its container and DIR, after ``idle_seconds`` without a call, when its container
-stops, or when the risk acceptance a bridged profile names lapses (``risk_expires_at``:
-now if idle, else after the call), which it does on its own clock, so a runner that
-missed the ``mcp.risk.end`` broadcast keeps no network past the decision.
+stops, on SIGTERM, SIGINT or SIGHUP (at once, a call in progress included), or when the
+risk acceptance a bridged profile names lapses (``risk_expires_at``: now if idle, else
+after the call), which it does on its own clock, so a runner that missed the
+``mcp.risk.end`` broadcast keeps no network past the decision.
 
 Its stderr is DIR/relay.log, which the server can make the MCP SDK write to (every line of
 its stdout that is not JSON-RPC is an error record with a traceback): ``log_boundedly``
@@ -39,6 +40,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -298,7 +300,30 @@ class Relay:
         return bool(state.get("Running"))
 
 
+# What ends a relay from outside without a word on its socket: a service manager's stop
+# (SIGTERM to every process of the runner's), an operator, a hangup.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 async def serve(directory: Path, spec: dict[str, Any], ready: Any) -> None:
+    """Serve until the relay stops, or until a ``STOP_SIGNALS`` comes: then at once, as when
+    its container stops, so that the container and DIR go with the relay (the signal's
+    default would end the relay alone, and leave a server that ignores the end of its stdin
+    running, with the network a bridged profile gives it, until the runner next starts)."""
+    async with anyio.create_task_group() as group:
+        group.start_soon(_cancel_on_signal, group.cancel_scope)
+        await _serve(directory, spec, ready)
+        group.cancel_scope.cancel()
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async for _signum in signals:
+            scope.cancel()
+            return
+
+
+async def _serve(directory: Path, spec: dict[str, Any], ready: Any) -> None:
     client = docker.from_env()
     relay = Relay(directory, spec, client)
     announced = False

@@ -1096,6 +1096,38 @@ def test_a_relay_gone_without_a_word_is_replaced_by_the_threads_next_call(
     assert new.id != old.id
 
 
+def test_a_relay_told_to_terminate_takes_its_server_and_directory_with_it(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+) -> None:
+    """SIGTERM (a service manager stopping the runner's processes, an operator) ended a
+    relay by default, cleaning nothing up: its container stayed, running for as long as its
+    server ignored the end of its stdin, with the network a bridged profile gives it. The
+    relay stops as for a thread end, at once: container and directory go with it."""
+    profile = make_profile(server_image)
+    pinned = pin(profile, listed(profile, project_workspace)["echo"])
+    answer = call(
+        servers,
+        pinned,
+        "echo",
+        {"text": "warm"},
+        project=project,
+        thread="thr_sigterm",
+        workspace=project_workspace,
+    )
+    assert answer["content"][0]["text"] == "warm"
+    (directory,) = [path for path in warm_root.glob("mcp-*") if path.is_dir()]
+    assert len(_server_containers(engine, project)) == 1
+    os.kill(int((directory / "pid").read_text()), signal.SIGTERM)
+    _wait_gone(warm_root, timeout=30)
+    assert not directory.exists()
+    assert _server_containers(engine, project) == []
+
+
 def _answers(sock: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         try:
