@@ -1,5 +1,6 @@
 """What the OAuth flow keeps: who registered a client, the one-time codes a person's consent
-produced, and each consent's refresh token. Secrets are kept only as SHA-256 digests.
+produced, each consent's refresh token and the ones it rotated away. Secrets are kept only as
+SHA-256 digests.
 
 django-oauth-toolkit's Application is the client; its Grant, AccessToken and RefreshToken
 tables stay empty: the access token a client gets is a Kestrel ``ApiToken`` (kst_...), so it
@@ -63,10 +64,8 @@ class OAuthGrant(models.Model):
     code = models.OneToOneField(
         AuthorizationCode, null=True, on_delete=models.SET_NULL, related_name="grant"
     )
+    # The current refresh token; every one it replaced is a RetiredRefreshToken.
     refresh_hash = models.CharField(max_length=64, unique=True)
-    # The refresh token it replaced: presented again, it is a replay, and the grant ends
-    # (RFC 9700 section 4.14.2).
-    previous_refresh_hash = models.CharField(max_length=64, blank=True, db_index=True)
     api_token = models.OneToOneField(
         "accounts.ApiToken", null=True, on_delete=models.SET_NULL, related_name="oauth_grant"
     )
@@ -77,3 +76,16 @@ class OAuthGrant(models.Model):
 
     def __str__(self) -> str:
         return f"grant of {self.application_id} on {self.project_id}"
+
+
+class RetiredRefreshToken(models.Model):
+    """A refresh token its grant rotated away (its digest). Presented again, however many
+    rotations later, it is a replay: someone else holds a copy, and the grant ends
+    (RFC 9700 section 4.14.2)."""
+
+    grant = models.ForeignKey(OAuthGrant, on_delete=models.CASCADE, related_name="retired")
+    refresh_hash = models.CharField(max_length=64, unique=True)
+    retired_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"retired refresh token of {self.grant_id}"

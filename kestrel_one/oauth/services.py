@@ -25,7 +25,12 @@ from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.accounts.tokens import matches, parse_key_id
 from kestrel_one.audit.services import audit_record
 from kestrel_one.common.errors import KestrelError
-from kestrel_one.oauth.models import AuthorizationCode, ClientRegistration, OAuthGrant
+from kestrel_one.oauth.models import (
+    AuthorizationCode,
+    ClientRegistration,
+    OAuthGrant,
+    RetiredRefreshToken,
+)
 from kestrel_one.tenancy.models import Project
 
 # The most an OAuth client is ever given: read and work in one Project. Never
@@ -214,8 +219,9 @@ def oauth_tokens_issue(*, code: AuthorizationCode, refresh_token: str):
 
 
 def oauth_grant_for_refresh(*, application, refresh_token: str) -> OAuthGrant | None:
-    """The live grant this refresh token renews. A refresh token already rotated away is a
-    replay (someone else holds a copy): the grant ends, for the client and the thief alike."""
+    """The live grant this refresh token renews. A refresh token already rotated away (any
+    of them, not only the last) is a replay (someone else holds a copy): the grant ends, for
+    the client and the thief alike."""
     digest = secret_digest(refresh_token)
     grants = OAuthGrant.objects.select_related(
         "user", "project__organization", "application", "api_token"
@@ -232,7 +238,7 @@ def oauth_grant_for_refresh(*, application, refresh_token: str) -> OAuthGrant | 
         return None
     if grant is None:
         replayed = grants.filter(
-            previous_refresh_hash=digest, application=application, revoked_at__isnull=True
+            retired__refresh_hash=digest, application=application, revoked_at__isnull=True
         ).first()
         if replayed is not None:
             oauth_grant_revoke(grant=replayed, reason="refresh_token_replayed")
@@ -249,12 +255,12 @@ def oauth_tokens_refresh(
         pk=grant.pk, refresh_hash=secret_digest(refresh_token), revoked_at__isnull=True
     ).update(
         refresh_hash=secret_digest(new_refresh_token),
-        previous_refresh_hash=secret_digest(refresh_token),
         refreshed_at=now,
         refresh_expires_at=now + settings.KESTREL_OAUTH_REFRESH_TOKEN_TTL,
     )
     if not rotated:
         raise GrantRefused("The refresh token was already used or revoked.")
+    RetiredRefreshToken.objects.create(grant=grant, refresh_hash=secret_digest(refresh_token))
     previous = grant.api_token
     token, plaintext, granted = _mint(grant, scopes)
     OAuthGrant.objects.filter(pk=grant.pk).update(api_token=token)

@@ -36,7 +36,7 @@ from kestrel_one.execution.enrollment import runner_enroll
 from kestrel_one.execution.models import Action, IdempotencyKey, Runner
 from kestrel_one.execution.plans import plan_propose
 from kestrel_one.execution.services import action_request
-from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
+from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant, RetiredRefreshToken
 from kestrel_one.oauth.services import (
     authorization_code_create,
     client_register,
@@ -88,7 +88,7 @@ PLANTED_FIELDS = {
     "axes.AccessLog.session_hash": "whatever django-axes stored (its access log is off)",
     "kestrel_oauth.AuthorizationCode.code_hash": "a canary OAuth code, and its digest",
     "kestrel_oauth.OAuthGrant.refresh_hash": "a canary refresh token, rotated once to another",
-    "kestrel_oauth.OAuthGrant.previous_refresh_hash": "the rotated-away canary refresh token",
+    "kestrel_oauth.RetiredRefreshToken.refresh_hash": "the rotated-away canary refresh token",
 }
 NOT_SECRET_FIELDS = {
     "accounts.ApiToken.key_id": "the public half of a token (kst_<key id>), shown to recognise it",
@@ -223,10 +223,8 @@ class Secrets:
         stored |= set(Session.objects.values_list("session_key", flat=True))
         stored |= set(Session.objects.values_list("session_data", flat=True))
         stored |= set(AuthorizationCode.objects.values_list("code_hash", flat=True))
-        for current, previous in OAuthGrant.objects.values_list(
-            "refresh_hash", "previous_refresh_hash"
-        ):
-            stored |= {current, previous}
+        stored |= set(OAuthGrant.objects.values_list("refresh_hash", flat=True))
+        stored |= set(RetiredRefreshToken.objects.values_list("refresh_hash", flat=True))
         named = {}
         for value in stored:
             if value and len(value) >= 12:

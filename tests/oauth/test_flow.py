@@ -394,6 +394,25 @@ def test_a_replayed_refresh_token_ends_the_grant(live_server, world):
     ).exists()
 
 
+@pytest.mark.spec("API-1")
+def test_a_refresh_token_rotated_away_long_ago_still_ends_the_grant(live_server, world):
+    # A thief who refreshes twice with a stolen token before the client's next refresh: the
+    # client's copy is two rotations old, and presenting it still reveals the theft.
+    client, client_id, tokens = connect(live_server, world)
+    first = refresh(client, client_id, tokens["refresh_token"])
+    second = refresh(client, client_id, first.json()["refresh_token"])
+    assert first.status_code == second.status_code == 200
+    replay = refresh(client, client_id, tokens["refresh_token"])
+    assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
+    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
+    assert client.get(url, headers=bearer(second.json()["access_token"])).status_code == 401
+    assert refresh(client, client_id, second.json()["refresh_token"]).status_code == 400
+    assert OAuthGrant.objects.get().revoked_at is not None
+    assert AuditRecord.objects.filter(
+        action="oauth.revoke", data__reason="refresh_token_replayed"
+    ).exists()
+
+
 def test_a_refresh_token_of_another_client_is_refused(live_server, world):
     client, _client_id, tokens = connect(live_server, world)
     other_id = register(client)
