@@ -98,9 +98,12 @@ def _security(request) -> TransportSecuritySettings:
 
 
 def _json_rpc_message(body: bytes):
+    """The decoded message, or None for a body that is no JSON (the SDK answers it with its
+    parse error). Nested deeper than the decoder goes, it raises RecursionError, not
+    ValueError: a few kilobytes of [[[[... would otherwise be a 500."""
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

@@ -102,6 +102,11 @@ def parse_registration(body: bytes) -> tuple[str, list[str], list[str]]:
         )
     try:
         data = json.loads(body)
+    except RecursionError:
+        # What the decoder raises for [[[[...: a few kilobytes would otherwise be a 500.
+        raise RegistrationRefused(
+            "invalid_client_metadata", "The body's JSON is nested too deeply."
+        ) from None
     except (ValueError, UnicodeDecodeError):
         raise RegistrationRefused("invalid_client_metadata", "The body must be JSON.") from None
     if not isinstance(data, dict):

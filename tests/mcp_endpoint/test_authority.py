@@ -463,6 +463,17 @@ def test_an_oversized_body_is_413(world, settings):
     assert Action.objects.count() == actions
 
 
+@pytest.mark.spec("API-6")
+def test_a_deeply_nested_body_is_a_client_error_not_a_server_error(world):
+    owner = world["owner"].client()
+    owner.raise_request_exception = False
+    nested = '{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": '
+    nested += "[" * 5000 + "]" * 5000 + "}"
+    response = post(owner, mcp_url(world.project.public_id), nested)
+    assert response.status_code == 400, response.content
+    assert "error" in response.json()
+
+
 def test_the_rate_is_bounded_per_caller(world, settings):
     settings.KESTREL_MCP_RATE = "3/min"
     owner = world["owner"].client()

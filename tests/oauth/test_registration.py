@@ -107,6 +107,16 @@ def test_a_body_that_is_not_json_is_refused(client):
     assert response.json()["error"] == "invalid_client_metadata"
 
 
+@pytest.mark.spec("API-6")
+def test_a_deeply_nested_body_is_refused_not_a_server_error(client):
+    client.raise_request_exception = False
+    body = "[" * 8000 + "]" * 8000
+    response = client.post("/oauth/register", data=body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == "invalid_client_metadata"
+    assert not Application.objects.exists()
+
+
 def test_a_large_body_is_refused(client):
     body = {"redirect_uris": ["https://a.example/cb"], "padding": "x" * 20_000}
     response = register(client, body)
