@@ -429,6 +429,11 @@ if not timedelta(minutes=1) <= KESTREL_OAUTH_ACCESS_TOKEN_TTL <= timedelta(days=
     raise ImproperlyConfigured("KESTREL_OAUTH_ACCESS_TOKEN_SECONDS must be between 60 and 86400")
 # django-oauth-toolkit runs the protocol; kestrel_one.oauth.validators stores what it issues.
 OAUTH2_PROVIDER = {
+    # Only the authorization code grant (response type code) and refresh_token exist, as the
+    # metadata says. oauthlib's default Server also runs the password grant far enough to
+    # check the password (before DOT refuses the grant), which would make /oauth/token a
+    # sign-in that answers whether a password is right, past the console's lockout.
+    "OAUTH2_SERVER_CLASS": "oauthlib.oauth2.WebApplicationServer",
     "OAUTH2_VALIDATOR_CLASS": "kestrel_one.oauth.validators.KestrelOAuth2Validator",
     "SCOPES": {
         "projects:read": "Read threads, actions, events and receipts of the Project.",

@@ -8,6 +8,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from axes.models import AccessAttempt
 from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.models import ApiToken
@@ -17,6 +18,7 @@ from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.tasks import retention
 from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
 from kestrel_one.oauth.services import authorization_codes_trim
+from tests.console.browser import PASSWORD
 from tests.oauth.flow import (
     REDIRECT_URI,
     Pkce,
@@ -250,6 +252,30 @@ def test_no_pkce_at_all_is_refused(live_server, world):
     path = authorize_path(client_id, live_server.url + mcp_path(world.project), None)
     answer = browser(live_server.url, world["member"].user).get(path)
     assert redirect_params(answer)["error"] == "invalid_request"
+
+
+@pytest.mark.spec("API-2")
+@pytest.mark.parametrize(
+    "grant",
+    [
+        {"grant_type": "password", "password": PASSWORD},
+        {"grant_type": "password", "password": "not the password"},
+        {"grant_type": "client_credentials"},
+        {"grant_type": "urn:ietf:params:oauth:grant-type:device_code", "device_code": "x"},
+    ],
+)
+def test_only_the_code_and_refresh_grants_exist(live_server, world, grant):
+    # A password grant is refused before any password is checked: the answer is the same for
+    # the right one and a wrong one, and no sign-in attempt is counted. Otherwise the token
+    # endpoint would tell anyone whether a password is right, past the console's lockout.
+    client = http(live_server.url)
+    client_id = register(client)
+    data = {"client_id": client_id, "username": world["member"].user.email, **grant}
+    response = client.post("/oauth/token", data=data)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "unsupported_grant_type"
+    assert not AccessAttempt.objects.exists()
+    assert not ApiToken.objects.filter(name__startswith="OAuth:").exists()
 
 
 def test_an_unregistered_redirect_uri_gets_an_error_page_not_a_redirect(live_server, world):
