@@ -15,6 +15,24 @@ from oauthlib.oauth2.rfc6749 import errors
 from kestrel_one.oauth import services
 
 
+class InvalidTargetError(errors.OAuth2Error):
+    """RFC 8707 section 2: the token is asked for a resource the consent was not for."""
+
+    error = "invalid_target"
+    status_code = 400
+
+
+def _check_resource(request, consented: str) -> None:
+    """Every ``resource`` the token request names (RFC 8707, any number) must be the one the
+    person consented to: the token is that Project's, so another one is refused, never
+    answered with a token for a resource the client did not ask for."""
+    asked = [value for key, value in request.decoded_body or [] if key == "resource"]
+    if any(value != consented for value in asked):
+        raise InvalidTargetError(
+            description=f"This grant is for the resource {consented} only.", request=request
+        )
+
+
 class KestrelOAuth2Validator(OAuth2Validator):
     # --- the authorization code --------------------------------------------------------------
     def save_authorization_code(self, client_id, code, request, *args, **kwargs):
@@ -43,6 +61,7 @@ class KestrelOAuth2Validator(OAuth2Validator):
         row = services.authorization_code_claim(application=client, code=code)
         if row is None:
             return False
+        _check_resource(request, row.resource)
         request.kestrel_code = row
         request.user = row.user
         request.scopes = list(row.scopes)
@@ -101,6 +120,7 @@ class KestrelOAuth2Validator(OAuth2Validator):
         grant = services.oauth_grant_for_refresh(application=client, refresh_token=refresh_token)
         if grant is None:
             return False
+        _check_resource(request, grant.resource)
         request.kestrel_grant = grant
         request.user = grant.user
         return True

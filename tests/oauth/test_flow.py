@@ -343,6 +343,34 @@ def test_another_clients_code_is_refused(live_server, world):
     assert exchange(client, other_id, code, pkce.verifier).status_code == 400
 
 
+@pytest.mark.spec("API-6")
+def test_a_token_for_another_resource_than_the_consented_one_is_refused(live_server, world):
+    # RFC 8707: the token is the consented Project's, so asking for another resource at the
+    # token endpoint is invalid_target, not a token for a resource the client did not ask for.
+    client = http(live_server.url)
+    client_id = register(client)
+    pkce = Pkce.make()
+    other = live_server.url + mcp_path(world.other_project)
+    path = authorize_path(client_id, live_server.url + mcp_path(world.project), pkce)
+    code = redirect_params(consent(browser(live_server.url, world["member"].user), path))["code"]
+    answer = exchange(client, client_id, code, pkce.verifier, resource=other)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "invalid_target"
+    assert not OAuthGrant.objects.exists()
+    # A refresh is held to the consent's resource the same way, and the grant goes on.
+    _client, client_id, tokens = connect(live_server, world)
+    data = {
+        "grant_type": "refresh_token",
+        "refresh_token": tokens["refresh_token"],
+        "client_id": client_id,
+        "resource": other,
+    }
+    answer = client.post("/oauth/token", data=data)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "invalid_target"
+    assert refresh(client, client_id, tokens["refresh_token"]).status_code == 200
+
+
 @pytest.mark.parametrize(
     "resource",
     [
