@@ -13,7 +13,6 @@ hex and URL-encoded form, before anything is written.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from datetime import timedelta
@@ -28,6 +27,7 @@ from kestrel_one.adapters.echoes import mask_forms, secret_forms
 from kestrel_one.adapters.models import AdapterInvocation
 from kestrel_one.adapters.registry import Adapter, Effect, Operation, get_operation, prepare_request
 from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request
+from kestrel_one.common.jsontext import json_loads
 from kestrel_one.common.redaction import bounded, redact_result
 from kestrel_one.credentials.release import CredentialRefused, secret_release
 from kestrel_one.execution.arguments import action_arguments, call_args_digest
@@ -336,6 +336,6 @@ def _parsed_body(answer) -> Any:
     """The body as JSON when it is JSON, else as text (both bounded later)."""
     text = answer.body.decode("utf-8", errors="replace")
     try:
-        return json.loads(text)
+        return json_loads(text)
     except ValueError:
         return text

@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.common.jsontext import json_loads
 from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.paging import page_of
 from kestrel_one.governance.drafts import policy_diff
@@ -73,7 +74,7 @@ def egress_from_text(raw: str) -> list[Any]:
         return []
     if text.startswith("["):
         try:
-            value = json.loads(text)
+            value = json_loads(text)
         except json.JSONDecodeError as error:
             raise forms.ValidationError(
                 f"not valid JSON: {error.msg} (line {error.lineno})"

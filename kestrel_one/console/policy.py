@@ -22,6 +22,7 @@ from django.urls import path
 
 from kestrel_one.accounts.models import ApiToken, User
 from kestrel_one.common.errors import KestrelError, ValidationFailed
+from kestrel_one.common.jsontext import json_loads
 from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.paging import page_of
 from kestrel_one.execution.policy_preview import decisions_preview
@@ -318,7 +319,7 @@ class PolicyExplain(PolicyOwnerView):
         if len(raw) > MAX_EXPLAIN_ARGS:
             raise ValidationFailed(f"The arguments are over {MAX_EXPLAIN_ARGS} characters.")
         try:
-            args = json.loads(raw or "{}")
+            args = json_loads(raw or "{}")
         except ValueError as error:
             raise ValidationFailed(f"The arguments are not valid JSON: {error}") from None
         project = self.project

@@ -34,6 +34,7 @@ from kestrel_one.adapters.echoes import EchoMask, mask_bytes, mask_forms, secret
 from kestrel_one.adapters.registry import get_adapter, prepare_request
 from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_request, egress_stream
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.common.jsontext import json_loads
 from kestrel_one.credentials.release import (
     CredentialRefused,
     credential_default,
@@ -186,7 +187,7 @@ def _egress_failure(code: str) -> GatewayError:
 
 def _parse(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        return json_loads(raw)
     except ValueError:
         return None
 

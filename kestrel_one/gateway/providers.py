@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kestrel_one.adapters.registry import get_operation
+from kestrel_one.common.jsontext import json_loads
 
 __all__ = [
     "PROVIDERS",
@@ -189,7 +190,7 @@ class StreamReader:
                 parsed.append((event, None, raw))
                 continue
             try:
-                payload = json.loads(data) if data else None
+                payload = json_loads(data) if data else None
             except ValueError:
                 payload = None
             if payload is not None:

@@ -28,6 +28,7 @@ from kestrel_one.accounts.principal import missing_scope_message
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.common.addresses import public_origin
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.common.jsontext import json_loads
 from kestrel_one.governance.selectors import parse_mode
 from kestrel_one.mcp_endpoint import bridge
 from kestrel_one.mcp_endpoint.models import McpSession
@@ -99,11 +100,10 @@ def _security(request) -> TransportSecuritySettings:
 
 def _json_rpc_message(body: bytes):
     """The decoded message, or None for a body that is no JSON (the SDK answers it with its
-    parse error). Nested deeper than the decoder goes, it raises RecursionError, not
-    ValueError: a few kilobytes of [[[[... would otherwise be a 500."""
+    parse error), nested too deeply included (``json_loads``)."""
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
+        return json_loads(body)
+    except ValueError:
         return None
 
 

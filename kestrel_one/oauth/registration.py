@@ -7,7 +7,6 @@ Registrations are bounded per address and overall per hour, and the body is boun
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from datetime import timedelta
 from urllib.parse import urlsplit
@@ -16,6 +15,7 @@ from django.conf import settings
 from django.http import JsonResponse
 from django.utils import timezone
 
+from kestrel_one.common.jsontext import json_loads
 from kestrel_one.oauth import services
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -101,12 +101,7 @@ def parse_registration(body: bytes) -> tuple[str, list[str], list[str]]:
             "invalid_client_metadata", f"The request is larger than {MAX_BODY_BYTES} bytes.", 413
         )
     try:
-        data = json.loads(body)
-    except RecursionError:
-        # What the decoder raises for [[[[...: a few kilobytes would otherwise be a 500.
-        raise RegistrationRefused(
-            "invalid_client_metadata", "The body's JSON is nested too deeply."
-        ) from None
+        data = json_loads(body)
     except (ValueError, UnicodeDecodeError):
         raise RegistrationRefused("invalid_client_metadata", "The body must be JSON.") from None
     if not isinstance(data, dict):

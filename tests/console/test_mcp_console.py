@@ -459,3 +459,15 @@ def test_the_list_pages_its_servers_and_loses_none(world, server, monkeypatch):
     assert [len(page) for page in pages] == [2, 1]
     assert pages[0] | pages[1] == everyone
     assert ">Next</a>" in admin.get(_page(world)).content.decode()
+
+
+@pytest.mark.spec("API-6")
+def test_egress_text_nested_too_deeply_is_a_form_error_not_a_server_error(world, server):
+    admin = _client(world["admin"].user)
+    admin.raise_request_exception = False
+    page = _page(world, server)
+    refused = _post(admin, page, page, {"egress": "[" * 10_000 + "]" * 10_000})
+    assert refused.status_code == 400, refused.status_code
+    assert "not valid JSON: nested too deeply" in refused.content.decode()
+    server.refresh_from_db()
+    assert server.egress == []
