@@ -43,6 +43,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "projects",
             "checks",
             "parent",
+            "audience",
             "made_by",
             "lineage",
             "created_at",

@@ -54,6 +54,11 @@ class ApiTokenQuerySet(models.QuerySet):
         return self.filter(revoked_at__isnull=True, expires_at__gt=now)
 
 
+AUDIENCE_API = ""
+AUDIENCE_MCP = "mcp"
+AUDIENCES = (AUDIENCE_API, AUDIENCE_MCP)
+
+
 class ApiToken(models.Model):
     """A hashed API credential of one organization, for a person or for an integration."""
 
@@ -86,6 +91,10 @@ class ApiToken(models.Model):
     # A person's token only: set, it sees only ``projects`` among the person's own (a token an
     # MCP client got through OAuth for one project); unset, every project the person sees.
     limited_to_projects = models.BooleanField(default=False)
+    # Where the token works: "" the whole API; AUDIENCE_MCP only the MCP endpoint (a token an
+    # MCP client got through OAuth, for that endpoint's resource, RFC 8707), so a client
+    # cannot take it to the REST API, which the mcp surface policy does not judge.
+    audience = models.CharField(max_length=16, blank=True, default="", editable=False)
     # Integration tokens only: the named checks this token may record verifications as.
     checks = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from kestrel_one.accounts import tokens
-from kestrel_one.accounts.models import ApiToken, User
+from kestrel_one.accounts.models import AUDIENCE_API, AUDIENCES, ApiToken, User
 from kestrel_one.accounts.principal import Principal, PrincipalKind, missing_scope_message
 from kestrel_one.accounts.scopes import (
     BEYOND_SOME_PROJECTS,
@@ -58,6 +58,7 @@ def token_create(
     projects: Any = AS_CREATOR,
     checks: list[str] | None = None,
     limit_to_projects: list | None = None,
+    audience: str = AUDIENCE_API,
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its plaintext, which is never stored or shown again.
 
@@ -68,8 +69,14 @@ def token_create(
     may record verifications as ``checks``. ``user`` is only for trusted callers (the
     bootstrap command); API callers get a token for themselves or, with ``integration``, for
     no person. ``limit_to_projects`` is for trusted callers too (the OAuth token endpoint): a
-    person's token that sees only those projects, each one the person sees.
+    person's token that sees only those projects, each one the person sees; and so is
+    ``audience`` (``ApiToken.audience``: the OAuth token endpoint's tokens work only on the
+    MCP endpoint). A token minted by a token works where its parent does, no further.
     """
+    if audience not in AUDIENCES:
+        raise ValidationFailed(f"Unknown token audience: {audience!r}.")
+    if actor.token is not None and actor.token.audience:
+        audience = actor.token.audience
     bad = unknown_scopes(scopes)
     if bad:
         raise ValidationFailed(
@@ -161,6 +168,7 @@ def token_create(
         limited_to_projects=limit_to_projects is not None,
         checks=checks,
         expires_at=expires_at,
+        audience=audience,
     )
     token.projects.set(chosen)
     data: dict[str, Any] = {
@@ -171,6 +179,8 @@ def token_create(
     }
     if actor.token is not None:
         data["parent"] = actor.token.public_id
+    if audience:
+        data["audience"] = audience
     if integration:
         data["projects"] = "all" if all_projects else sorted(p.public_id for p in chosen)
         data["checks"] = checks

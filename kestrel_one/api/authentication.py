@@ -106,7 +106,7 @@ class KestrelTokenAuthentication(BaseAuthentication):
     def authenticate(self, request):
         token_value = presented_token(request)
         if token_value is not None:
-            return self._authenticate_token(token_value)
+            return self._authenticate_token(token_value, request)
         if settings.SINGLE_HOST and not settings.KESTREL_SERVER_TOKEN:
             if is_loopback(request.META.get("REMOTE_ADDR")):
                 sent_by = cross_origin_sender(request)
@@ -127,7 +127,7 @@ class KestrelTokenAuthentication(BaseAuthentication):
                 return None, local_agent(anonymous=True)
         return None
 
-    def _authenticate_token(self, value: str):
+    def _authenticate_token(self, value: str, request):
         if not value:
             raise exceptions.AuthenticationFailed("The token is empty.")
         if is_server_token(value):
@@ -139,6 +139,16 @@ class KestrelTokenAuthentication(BaseAuthentication):
             # A revoked or expired token of a known organization is worth an audit row there.
             audit_authentication_failure(value)
             raise exceptions.AuthenticationFailed("The token is invalid, expired or revoked.")
+        if token.audience:
+            # A token for one resource (an MCP client's, through OAuth) works only on the
+            # views that serve it, never on the rest of the API (RFC 8707 audience).
+            view = (getattr(request, "parser_context", None) or {}).get("view")
+            if token.audience not in getattr(view, "token_audiences", ()):
+                raise exceptions.AuthenticationFailed(
+                    f"This token is for the {token.audience} endpoint of its Project only "
+                    "(an MCP client got it through OAuth); the rest of the API takes a token "
+                    "made on the console's Tokens page."
+                )
         return token.user, Principal(PrincipalKind.TOKEN, user=token.user, token=token)
 
     def authenticate_header(self, request) -> str:

@@ -24,6 +24,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.throttling import SimpleRateThrottle
 
+from kestrel_one.accounts.models import AUDIENCE_MCP
 from kestrel_one.accounts.principal import missing_scope_message
 from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.common.addresses import public_origin
@@ -111,6 +112,9 @@ class McpEndpointViewSet(ProjectScopedViewSet):
     """Streamable HTTP (MCP 2025-11-25 and 2026-07-28) for one Project's governed tools."""
 
     scope_map = {"POST": "projects:read", "GET": "projects:read", "DELETE": "projects:read"}
+    # Besides the API's own tokens, the ones MCP clients get through OAuth, which work here
+    # only (ApiToken.audience).
+    token_audiences = (AUDIENCE_MCP,)
     throttle_classes = [McpRateThrottle]
     content_negotiation_class = JsonErrors
 

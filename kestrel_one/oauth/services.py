@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from kestrel_one.accounts.models import ApiToken
+from kestrel_one.accounts.models import AUDIENCE_MCP, ApiToken
 from kestrel_one.accounts.principal import Principal, PrincipalKind
 from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.accounts.tokens import matches, parse_key_id
@@ -193,6 +193,7 @@ def _mint(grant: OAuthGrant, scopes: list[str]) -> tuple[ApiToken, str, list[str
             scopes=granted,
             expires_at=timezone.now() + settings.KESTREL_OAUTH_ACCESS_TOKEN_TTL,
             limit_to_projects=[grant.project],
+            audience=AUDIENCE_MCP,
         )
     except KestrelError as error:
         raise GrantRefused(str(error)) from None

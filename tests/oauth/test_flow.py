@@ -1,6 +1,6 @@
 """The whole OAuth flow an MCP client needs, over real HTTP: discovery from the endpoint's
 401, registration, a person's consent, the code exchange with the PKCE verifier, the token
-on the REST API and the MCP endpoint of that one Project, refresh and revocation."""
+on the MCP endpoint of that one Project (and nowhere else), refresh and revocation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import Principal, PrincipalKind
-from kestrel_one.accounts.services import token_revoke
+from kestrel_one.accounts.services import token_create, token_revoke
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.tasks import retention
 from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
@@ -150,16 +150,17 @@ def test_an_mcp_client_discovers_registers_gets_consent_and_uses_its_token(live_
     assert body["refresh_token"] not in {grant.refresh_hash}
     assert AuditRecord.objects.filter(action="oauth.consent", organization=world.org).exists()
 
-    # The REST API of that Project, and nothing else.
+    # The MCP endpoint of that Project, and nothing else: not another Project's, and not
+    # the REST API, which the mcp surface policy does not judge (ApiToken.audience).
     org, prj = world.org.slug, world.project.public_id
+    assert token.audience == "mcp"
+    assert mcp_initialize(client, world.project, access).status_code == 200
+    assert mcp_initialize(client, world.other_project, access).status_code == 404
     threads = f"/api/v1/orgs/{org}/projects/{prj}/threads"
-    assert client.get(threads, headers=bearer(access)).status_code == 200
-    other = client.get(
-        f"/api/v1/orgs/{org}/projects/{world.other_project.public_id}/threads",
-        headers=bearer(access),
-    )
-    assert other.status_code == 404
-    # It can never approve: that stays with the person.
+    rest = client.get(threads, headers=bearer(access))
+    assert rest.status_code == 401, rest.text
+    assert "for the mcp endpoint of its Project only" in rest.json()["error"]["message"]
+    # Nor can it approve there: that stays with the person.
     act = world.action
     approve = client.post(
         f"/api/v1/orgs/{org}/projects/{prj}/threads/{act.thread.public_id}/actions/"
@@ -167,10 +168,8 @@ def test_an_mcp_client_discovers_registers_gets_consent_and_uses_its_token(live_
         json={},
         headers=bearer(access),
     )
-    assert approve.status_code == 403, approve.text
-    # The MCP endpoint accepts it.
-    assert mcp_initialize(client, world.project, access).status_code == 200
-    assert mcp_initialize(client, world.other_project, access).status_code == 404
+    assert approve.status_code == 401, approve.text
+    assert act.__class__.objects.get(pk=act.pk).state == act.state
 
     # It is on the person's tokens page, like every token.
     tokens_page = person.get(f"/console/{org}/tokens")
@@ -181,16 +180,32 @@ def test_an_mcp_client_discovers_registers_gets_consent_and_uses_its_token(live_
     assert refreshed.status_code == 200, refreshed.text
     fresh = refreshed.json()
     assert fresh["access_token"] != access and fresh["refresh_token"] != body["refresh_token"]
-    assert client.get(threads, headers=bearer(access)).status_code == 401
-    assert (client.get(threads, headers=bearer(fresh["access_token"]))).status_code == 200
+    assert mcp_initialize(client, world.project, access).status_code == 401
+    assert mcp_initialize(client, world.project, fresh["access_token"]).status_code == 200
     # Revocation ends the consent: the access token and the refresh token stop working.
     revoked = client.post(
         "/oauth/revoke", data={"token": fresh["access_token"], "client_id": client_id}
     )
     assert revoked.status_code == 200
-    assert (client.get(threads, headers=bearer(fresh["access_token"]))).status_code == 401
+    assert mcp_initialize(client, world.project, fresh["access_token"]).status_code == 401
     after = refresh(client, client_id, fresh["refresh_token"])
     assert after.status_code == 400
+
+
+@pytest.mark.spec("API-1")
+def test_a_token_minted_by_an_mcp_clients_token_works_only_where_it_does(live_server, world):
+    client, _client_id, tokens = connect(live_server, world)
+    token = ApiToken.objects.get(key_id=tokens["access_token"].split("_")[1])
+    child, plaintext = token_create(
+        actor=Principal(PrincipalKind.TOKEN, user=token.user, token=token),
+        organization=world.org,
+        name="child",
+        scopes=["projects:read"],
+    )
+    assert child.audience == "mcp"
+    threads = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
+    assert client.get(threads, headers=bearer(plaintext)).status_code == 401
+    assert mcp_initialize(client, world.project, plaintext).status_code == 200
 
 
 def test_a_viewer_gets_a_read_only_token(live_server, world):
@@ -314,8 +329,7 @@ def test_a_reused_code_is_refused_and_revokes_what_it_gave(live_server, world):
     access = first.json()["access_token"]
     second = exchange(client, client_id, code, pkce.verifier)
     assert second.status_code == 400 and second.json()["error"] == "invalid_grant"
-    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
-    assert client.get(url, headers=bearer(access)).status_code == 401
+    assert mcp_initialize(client, world.project, access).status_code == 401
 
 
 def test_codes_are_deleted_a_day_past_expiry_and_the_grant_keeps_its_tokens(live_server, world):
@@ -329,8 +343,7 @@ def test_codes_are_deleted_a_day_past_expiry_and_the_grant_keeps_its_tokens(live
     authorization_codes_trim(now=code.expires_at + timedelta(days=1, minutes=1))
     assert not AuthorizationCode.objects.exists()
     assert OAuthGrant.objects.filter(pk=grant.pk, revoked_at=None).exists()
-    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
-    assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 200
+    assert mcp_initialize(client, world.project, tokens["access_token"]).status_code == 200
 
 
 def test_another_clients_code_is_refused(live_server, world):
@@ -412,8 +425,7 @@ def test_revoking_the_token_on_the_tokens_page_ends_the_grant(live_server, world
     client, client_id, tokens = connect(live_server, world)
     token = ApiToken.objects.get(key_id=tokens["access_token"].split("_")[1])
     token_revoke(actor=Principal(PrincipalKind.SESSION, user=world["member"].user), token=token)
-    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
-    assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 401
+    assert mcp_initialize(client, world.project, tokens["access_token"]).status_code == 401
     # The refresh token does not bring it back.
     refreshed = refresh(client, client_id, tokens["refresh_token"])
     assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
@@ -425,8 +437,7 @@ def test_a_person_removed_from_the_project_cannot_refresh(live_server, world):
     assign_perm("tenancy.view_project", limited.user, world.project)
     client, client_id, tokens = connect(live_server, world, person="limited")
     remove_perm("tenancy.view_project", limited.user, world.project)
-    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
-    assert client.get(url, headers=bearer(tokens["access_token"])).status_code == 404
+    assert mcp_initialize(client, world.project, tokens["access_token"]).status_code == 404
     refreshed = refresh(client, client_id, tokens["refresh_token"])
     assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
 
@@ -439,8 +450,7 @@ def test_a_replayed_refresh_token_ends_the_grant(live_server, world):
     # The old refresh token again: someone holds a copy, so the whole grant ends.
     replay = refresh(client, client_id, tokens["refresh_token"])
     assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
-    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
-    assert client.get(url, headers=bearer(rotated.json()["access_token"])).status_code == 401
+    assert mcp_initialize(client, world.project, rotated.json()["access_token"]).status_code == 401
     assert refresh(client, client_id, rotated.json()["refresh_token"]).status_code == 400
     assert OAuthGrant.objects.get().revoked_at is not None
     assert AuditRecord.objects.filter(
@@ -458,8 +468,7 @@ def test_a_refresh_token_rotated_away_long_ago_still_ends_the_grant(live_server,
     assert first.status_code == second.status_code == 200
     replay = refresh(client, client_id, tokens["refresh_token"])
     assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
-    url = f"/api/v1/orgs/{world.org.slug}/projects/{world.project.public_id}/threads"
-    assert client.get(url, headers=bearer(second.json()["access_token"])).status_code == 401
+    assert mcp_initialize(client, world.project, second.json()["access_token"]).status_code == 401
     assert refresh(client, client_id, second.json()["refresh_token"]).status_code == 400
     assert OAuthGrant.objects.get().revoked_at is not None
     assert AuditRecord.objects.filter(
