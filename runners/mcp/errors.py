@@ -18,6 +18,7 @@ __all__ = [
     "McpError",
     "McpImageMismatch",
     "McpImageMissing",
+    "McpListTooLong",
     "McpProtocolError",
     "McpStartFailed",
     "McpTimeout",
@@ -55,6 +56,11 @@ class McpStartFailed(McpError):
 
 class McpProtocolError(McpError):
     code = "mcp_protocol_error"
+
+
+class McpListTooLong(McpProtocolError):
+    """The server lists more than the bounds (tools, pages or bytes): not a server that
+    stopped answering, so another server of the same image would list the same."""
 
 
 class McpTimeout(McpError):

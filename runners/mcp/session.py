@@ -42,6 +42,7 @@ from runners.contract.mcp import (
 from runners.mcp.errors import (
     McpError,
     McpImageMissing,
+    McpListTooLong,
     McpProtocolError,
     McpStartFailed,
     McpTimeout,
@@ -503,11 +504,11 @@ async def list_tools(session: ClientSession, *, timeout_s: float) -> list[dict[s
                 page = await session.list_tools(params=params)
                 for tool in page.tools:
                     if len(tools) == MAX_TOOLS:
-                        raise McpProtocolError(f"the server lists more than {MAX_TOOLS} tools")
+                        raise McpListTooLong(f"the server lists more than {MAX_TOOLS} tools")
                     definition = tool_definition(listed_tool(tool))
                     size += len(canonical_json(definition))
                     if size > MAX_LISTED_BYTES:
-                        raise McpProtocolError(
+                        raise McpListTooLong(
                             f"the server's tool definitions exceed {MAX_LISTED_BYTES} bytes in all"
                         )
                     tools.append(definition)
@@ -521,7 +522,7 @@ async def list_tools(session: ClientSession, *, timeout_s: float) -> list[dict[s
         raise
     except Exception as error:
         raise McpProtocolError(f"tools/list failed: {_describe(error)}") from None
-    raise McpProtocolError(f"the server's tool list has more than {MAX_TOOLS} pages")
+    raise McpListTooLong(f"the server's tool list has more than {MAX_TOOLS} pages")
 
 
 def check_pinned(tools: list[dict[str, Any]], *, server: str, tool: str, tool_sha256: str) -> None:

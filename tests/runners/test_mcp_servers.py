@@ -34,6 +34,7 @@ from runners.contract.canonical import canonical_json
 from runners.contract.mcp import (
     DEFAULT_LIMITS,
     MAX_OUTPUT_CHARS,
+    MAX_TOOLS,
     profile_digest,
     tool_definition_digest,
 )
@@ -782,6 +783,38 @@ def test_a_relay_whose_server_refuses_its_list_leaves_the_next_one_what_is_left_
             workspace=project_workspace,
             timeout_s=4,
         )
+
+
+@pytest.mark.spec("MCP-1")
+def test_a_list_past_the_bounds_fails_the_call_at_the_first_server(
+    server_image: str,
+    servers: DockerMcpServers,
+    project: str,
+    project_workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A list past the bounds is the image's, not a server that stopped answering: the relay
+    used to send the call on (``retry``), so a second relay and a throwaway server started,
+    each to fail the same way. The first server's answer is the call's."""
+    profile = make_profile(server_image)
+    pinned = pin(profile, listed(profile, project_workspace)["echo"])
+    throwaway: list[str] = []
+    monkeypatch.setattr(
+        DockerMcpServers, "_call_once", lambda self, *args, **kwargs: throwaway.append("started")
+    )
+    (project_workspace / ".many-tools").write_text("")
+    with pytest.raises(McpProtocolError, match=f"more than {MAX_TOOLS} tools"):
+        call(
+            servers,
+            pinned,
+            "echo",
+            {"text": "x"},
+            project=project,
+            thread="thr_many_tools",
+            workspace=project_workspace,
+            timeout_s=30,
+        )
+    assert throwaway == []
 
 
 class _EndlessLister:

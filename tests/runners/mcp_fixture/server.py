@@ -12,7 +12,8 @@ log an error per line. Run with ``--structured``, it also has ``rows``, whose li
 would check (and how long that could take) if it checked output against the schema.
 Run with ``--list-delay SECONDS``, every tools/list answers that late; and while
 /workspace/.list-error exists, tools/list answers with an error: a server that keeps its
-list slow, or refuses it, when a call comes.
+list slow, or refuses it, when a call comes; while /workspace/.many-tools exists, it lists 300
+more tools than its own (past the runner's 256): a list no server of the image gets under.
 """
 
 import os
@@ -26,6 +27,7 @@ from mcp.types import ToolAnnotations
 
 DESCRIPTION_FILE = Path("/workspace/.description")
 LIST_ERROR_FILE = Path("/workspace/.list-error")
+MANY_TOOLS_FILE = Path("/workspace/.many-tools")
 LIST_DELAY = (
     float(sys.argv[sys.argv.index("--list-delay") + 1]) if "--list-delay" in sys.argv else 0
 )
@@ -48,6 +50,8 @@ class Server(MCPServer):
             tool.model_copy(update={"output_schema": ROWS_SCHEMA}) if tool.name == "rows" else tool
             for tool in await super().list_tools()
         ]
+        if os.path.exists(MANY_TOOLS_FILE):
+            tools += [tools[0].model_copy(update={"name": f"extra_{n}"}) for n in range(300)]
         try:
             changed = DESCRIPTION_FILE.read_text()
         except OSError:
