@@ -27,7 +27,6 @@ from runners.contract.mcp import (
     MANAGED_SERVERS,
     MAX_DESCRIPTION_CHARS,
     MAX_SCHEMA_BYTES,
-    tool_definition,
 )
 from runners.contract.mcp_discovery import DiscoveryRequest
 from runners.mcp.errors import (
@@ -38,21 +37,12 @@ from runners.mcp.errors import (
     McpUnavailable,
 )
 from runners.mcp.servers import owner_labels, remove_orphaned_mcp_servers
-from runners.mcp.session import (
-    ENGINE_ERRORS,
-    MAX_LISTED_BYTES,
-    START_TIMEOUT_SECONDS,
-    list_tools,
-    server_session,
-)
+from runners.mcp.session import ENGINE_ERRORS, START_TIMEOUT_SECONDS, list_tools, server_session
 from runners.workspace import workspace_owner
 
-__all__ = ["LIST_TIMEOUT_SECONDS", "MAX_REPORT_TOOLS_BYTES", "discover", "resolve_image"]
+__all__ = ["LIST_TIMEOUT_SECONDS", "discover", "resolve_image"]
 
 LIST_TIMEOUT_SECONDS = 60.0
-# All listed definitions together, within a report the control plane takes (4 MiB): the
-# listing itself stops there (``list_tools``).
-MAX_REPORT_TOOLS_BYTES = MAX_LISTED_BYTES
 _MAX_MESSAGE_CHARS = 4000
 
 
@@ -190,11 +180,10 @@ def _list(
 
 
 def _bounded_definitions(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The definitions to report; a server whose tools exceed the bounds is refused whole
-    (a definition cut to fit would be another definition)."""
-    definitions, total = [], 0
-    for entry in listed:
-        definition = tool_definition(entry)
+    """The definitions to report (``list_tools`` gives definitions, within MAX_LISTED_BYTES
+    in all, which a report the control plane takes holds); a server whose tools exceed a
+    bound of one tool is refused whole (a definition cut to fit would be another one)."""
+    for definition in listed:
         name = str(definition.get("name", ""))[:128]
         description = definition.get("description")
         if isinstance(description, str) and len(description) > MAX_DESCRIPTION_CHARS:
@@ -206,13 +195,7 @@ def _bounded_definitions(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 raise McpProtocolError(
                     f"the tool {name!r} has an {field} over {MAX_SCHEMA_BYTES} bytes"
                 )
-        total += len(canonical_json(definition))
-        if total > MAX_REPORT_TOOLS_BYTES:
-            raise McpProtocolError(
-                f"the server's tool definitions exceed {MAX_REPORT_TOOLS_BYTES} bytes in all"
-            )
-        definitions.append(definition)
-    return definitions
+    return listed
 
 
 def _empty_workspace() -> Path:
