@@ -54,7 +54,13 @@ class OriginRefused(KestrelError):
 
 class McpRateThrottle(SimpleRateThrottle):
     """At most ``KESTREL_MCP_RATE`` requests per caller, counted in the shared cache (every
-    web process sees the same count)."""
+    web process sees the same count).
+
+    The caller is whoever holds the authority, not the token in hand: a person (every token
+    of theirs, an OAuth client's refreshed ones included, shares one count), an integration
+    token with the tokens it minted (its lineage), or the local agent. Counted per token, a
+    refresh or a freshly minted token would start a new count.
+    """
 
     scope = "mcp"
 
@@ -66,9 +72,17 @@ class McpRateThrottle(SimpleRateThrottle):
         return settings.KESTREL_MCP_RATE
 
     def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": self._caller(request)}
+
+    def _caller(self, request) -> str:
         principal = request.auth
-        ident = principal.actor_id if principal is not None else self.get_ident(request)
-        return self.cache_format % {"scope": self.scope, "ident": ident}
+        if principal is None:
+            return self.get_ident(request)
+        if principal.user is not None:
+            return principal.user.public_id
+        if principal.token is not None:
+            return principal.token.lineage
+        return principal.actor_id
 
 
 class JsonErrors(BaseContentNegotiation):

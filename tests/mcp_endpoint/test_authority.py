@@ -488,6 +488,48 @@ def test_the_rate_is_bounded_per_caller(world, settings):
     assert post(world["member"].client(), url, request("initialize", INITIALIZE)).status_code == 200
 
 
+def test_the_rate_counts_whoever_holds_the_authority_not_the_token_in_hand(world, settings):
+    """A fresh token must not start a fresh count: a person's every token (an OAuth client's
+    refreshed ones are minted the same way) shares one, and so does an integration token
+    with the tokens it mints. Counted per token, minting or refreshing undid the bound."""
+    settings.KESTREL_MCP_RATE = "2/min"
+    url = mcp_url(world.project.public_id)
+    owner = world["owner"]
+    _, second = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="owner's second token",
+        scopes=sorted(owner.token.scopes),
+        user=owner.user,
+    )
+    answers = [post(owner.client(), url, request("initialize", INITIALIZE)).status_code]
+    answers.append(post(token_client(second), url, request("initialize", INITIALIZE)).status_code)
+    answers.append(post(token_client(second), url, request("initialize", INITIALIZE)).status_code)
+    assert answers == [200, 200, 429], answers
+
+    integration, plaintext = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="mcp integration",
+        scopes=["org:read", "projects:read", "projects:write", "tokens:admin"],
+        integration=True,
+    )
+    _, minted = token_create(
+        actor=Principal(PrincipalKind.TOKEN, token=integration),
+        organization=world.org,
+        name="minted by the integration",
+        scopes=["projects:read"],
+        integration=True,
+    )
+    answers = [post(token_client(plaintext), url, request("initialize", INITIALIZE)).status_code]
+    answers += [post(token_client(minted), url, request("initialize", INITIALIZE)).status_code]
+    answers += [post(token_client(minted), url, request("initialize", INITIALIZE)).status_code]
+    assert answers == [200, 200, 429], answers
+    # Another integration token is another caller.
+    fresh = token_client(integration_token(world))
+    assert post(fresh, url, request("initialize", INITIALIZE)).status_code == 200
+
+
 @pytest.mark.spec("TEN-1")
 def test_the_route_walkers_probe_the_endpoint_with_a_real_request(world):
     """The walkers in tests/api take the endpoint from the URL resolver; their body for it
