@@ -425,6 +425,10 @@ KESTREL_OAUTH_REGISTRATIONS_PER_ADDRESS_HOUR = env_int(
     "KESTREL_OAUTH_REGISTRATIONS_PER_ADDRESS_HOUR", 20
 )
 KESTREL_OAUTH_REGISTRATIONS_PER_HOUR = env_int("KESTREL_OAUTH_REGISTRATIONS_PER_HOUR", 500)
+# /oauth/token and /oauth/revoke together: at most this many requests from one address (an
+# IPv6 client as its /64), DRF's "N/second|minute|hour|day", counted in the shared "rate"
+# cache. Each exchange or refresh writes a token, its audit and (refreshing) a retired row.
+KESTREL_OAUTH_TOKEN_RATE = env_str("KESTREL_OAUTH_TOKEN_RATE", "60/min")
 if not timedelta(minutes=1) <= KESTREL_OAUTH_ACCESS_TOKEN_TTL <= timedelta(days=1):
     raise ImproperlyConfigured("KESTREL_OAUTH_ACCESS_TOKEN_SECONDS must be between 60 and 86400")
 # django-oauth-toolkit runs the protocol; kestrel_one.oauth.validators stores what it issues.

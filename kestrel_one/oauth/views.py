@@ -3,8 +3,11 @@ the consent page, the token endpoint and revocation (RFC 7009)."""
 
 from __future__ import annotations
 
+import math
+
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
+from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils.decorators import method_decorator
@@ -15,6 +18,7 @@ from oauth2_provider.http import OAuth2ResponseRedirect
 from oauth2_provider.models import get_application_model
 from oauth2_provider.views.mixins import OAuthLibMixin
 from oauthlib.common import add_params_to_uri
+from rest_framework.throttling import SimpleRateThrottle
 
 from kestrel_one.accounts.scopes import SCOPES
 from kestrel_one.common.addresses import client_network, mcp_endpoint_url, public_origin
@@ -103,6 +107,42 @@ class RegisterView(View):
         return response
 
 
+class TokenRateThrottle(SimpleRateThrottle):
+    """At most ``KESTREL_OAUTH_TOKEN_RATE`` requests to ``/oauth/token`` and ``/oauth/revoke``
+    from one address (an IPv6 client as its /64), counted in the shared cache. Counted per
+    address, not per client: a client id is public, so counting by it would let anyone lock
+    a client out."""
+
+    scope = "oauth-token"
+
+    def __init__(self):
+        self.cache = caches[settings.KESTREL_RATE_CACHE]
+        super().__init__()
+
+    def get_rate(self):
+        return settings.KESTREL_OAUTH_TOKEN_RATE
+
+    def get_cache_key(self, request, view):
+        network = client_network(request.META.get("REMOTE_ADDR")) or "unknown"
+        return self.cache_format % {"scope": self.scope, "ident": network}
+
+
+def _throttled(view, request: HttpRequest) -> HttpResponse | None:
+    """The 429 for a request past the address's bound (RFC 6585), or None."""
+    throttle = TokenRateThrottle()
+    if throttle.allow_request(request, view):
+        return None
+    wait = math.ceil(throttle.wait() or 1)
+    refusal = registration.RegistrationRefused(
+        "temporarily_unavailable",
+        f"Too many token requests from this address; try again in {wait} seconds.",
+        429,
+    )
+    response = refusal.response()
+    response["Retry-After"] = str(wait)
+    return response
+
+
 @method_decorator(csrf_exempt, name="dispatch")
 class TokenView(OAuthLibMixin, View):
     """``POST /oauth/token``: authorization_code (with the PKCE verifier) and refresh_token.
@@ -114,6 +154,8 @@ class TokenView(OAuthLibMixin, View):
     http_method_names = ["post"]
 
     def post(self, request: HttpRequest) -> HttpResponse:
+        if (refused := _throttled(self, request)) is not None:
+            return refused
         _uri, headers, body, status = self.create_token_response(request)
         response = HttpResponse(body, status=status, content_type="application/json")
         for key, value in headers.items():
@@ -129,6 +171,8 @@ class RevokeView(OAuthLibMixin, View):
     http_method_names = ["post"]
 
     def post(self, request: HttpRequest) -> HttpResponse:
+        if (refused := _throttled(self, request)) is not None:
+            return refused
         _uri, headers, body, status = self.create_revocation_response(request)
         response = HttpResponse(body or "", status=status)
         for key, value in headers.items():

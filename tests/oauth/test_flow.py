@@ -9,6 +9,9 @@ from datetime import timedelta
 
 import pytest
 from axes.models import AccessAttempt
+from django.conf import settings as django_settings
+from django.core.cache import caches
+from django.test import RequestFactory
 from guardian.shortcuts import assign_perm, remove_perm
 
 from kestrel_one.accounts.models import ApiToken
@@ -18,6 +21,7 @@ from kestrel_one.audit.models import AuditRecord
 from kestrel_one.execution.tasks import retention
 from kestrel_one.oauth.models import AuthorizationCode, OAuthGrant
 from kestrel_one.oauth.services import authorization_codes_trim
+from kestrel_one.oauth.views import TokenRateThrottle
 from tests.console.browser import PASSWORD
 from tests.oauth.flow import (
     REDIRECT_URI,
@@ -481,3 +485,57 @@ def test_a_refresh_token_of_another_client_is_refused(live_server, world):
     other_id = register(client)
     response = refresh(client, other_id, tokens["refresh_token"])
     assert response.status_code == 400
+
+
+def test_a_refreshed_token_shares_the_mcp_rate_count_of_the_one_it_replaced(
+    live_server, world, settings
+):
+    """Each refresh mints a new API token; counted per token, a client past its bound could
+    refresh and go on. The count is the consenting person's."""
+    settings.KESTREL_MCP_RATE = "2/min"
+    client, client_id, tokens = connect(live_server, world)
+    assert mcp_initialize(client, world.project, tokens["access_token"]).status_code == 200
+    rotated = refresh(client, client_id, tokens["refresh_token"])
+    assert rotated.status_code == 200, rotated.text
+    access = rotated.json()["access_token"]
+    assert mcp_initialize(client, world.project, access).status_code == 200
+    limited = mcp_initialize(client, world.project, access)
+    assert limited.status_code == 429, limited.text
+    again = refresh(client, client_id, rotated.json()["refresh_token"])
+    assert again.status_code == 200, again.text
+    assert mcp_initialize(client, world.project, again.json()["access_token"]).status_code == 429
+
+
+def test_the_token_and_revocation_endpoints_are_bounded_per_address(live_server, world, settings):
+    """Every exchange or refresh writes a token and its audit, and a guessed token costs a
+    lookup: one address gets KESTREL_OAUTH_TOKEN_RATE requests to the two endpoints, then 429
+    with Retry-After, and nothing is issued past the bound."""
+    client, client_id, tokens = connect(live_server, world)
+    probe = RequestFactory().post("/oauth/token", REMOTE_ADDR="127.0.0.1")
+    caches[django_settings.KESTREL_RATE_CACHE].delete(
+        TokenRateThrottle().get_cache_key(probe, None)
+    )
+    settings.KESTREL_OAUTH_TOKEN_RATE = "3/min"
+    rotated = refresh(client, client_id, tokens["refresh_token"])
+    assert rotated.status_code == 200, rotated.text
+    bogus = client.post("/oauth/revoke", data={"token": "kst_not_a_token", "client_id": client_id})
+    assert bogus.status_code == 200, bogus.text
+    wrong = refresh(client, client_id, "not-a-refresh-token")
+    assert wrong.status_code == 400, wrong.text
+    issued = ApiToken.objects.count()
+
+    limited = refresh(client, client_id, rotated.json()["refresh_token"])
+    assert limited.status_code == 429, limited.text
+    assert limited.json()["error"] == "temporarily_unavailable"
+    assert "try again" in limited.json()["error_description"]
+    assert 1 <= int(limited.headers["retry-after"]) <= 60
+    assert limited.headers["cache-control"] == "no-store"
+    revoking = client.post(
+        "/oauth/revoke", data={"token": rotated.json()["access_token"], "client_id": client_id}
+    )
+    assert revoking.status_code == 429
+    assert ApiToken.objects.count() == issued
+    assert OAuthGrant.objects.get().revoked_at is None
+    # Refused, the refresh spent nothing: under a larger bound the same refresh token works.
+    settings.KESTREL_OAUTH_TOKEN_RATE = "1000/min"
+    assert refresh(client, client_id, rotated.json()["refresh_token"]).status_code == 200
