@@ -538,6 +538,9 @@ KESTREL_MCP_CALL_WAIT_SECONDS = min(
 )
 # A session unused this long is gone: its id answers 404 and the client starts a new one.
 KESTREL_MCP_SESSION_IDLE_SECONDS = max(env_int("KESTREL_MCP_SESSION_IDLE_SECONDS", 24 * 3600), 60)
+# The most sessions one caller (a person, an integration) keeps open in an organization; a
+# new one pushes out the least recently used.
+KESTREL_MCP_SESSIONS_PER_CALLER = max(env_int("KESTREL_MCP_SESSIONS_PER_CALLER", 100), 1)
 KESTREL_MCP_ALLOWED_ORIGINS = [
     o.strip() for o in (env_str("KESTREL_MCP_ALLOWED_ORIGINS") or "").split(",") if o.strip()
 ]

@@ -81,6 +81,17 @@ class Principal:
         return "anonymous"
 
     @property
+    def holder_id(self) -> str:
+        """Whoever holds the authority this principal acts with, which a bound per caller
+        counts: the person (every token of theirs), an integration token with the tokens it
+        minted (its lineage), else ``actor_id``. Per token, minting one would reset a bound."""
+        if self.user is not None:
+            return self.user.public_id
+        if self.token is not None:
+            return self.token.lineage
+        return self.actor_id
+
+    @property
     def actor_type(self) -> str:
         if self.kind in {PrincipalKind.SYSTEM, PrincipalKind.RUNNER}:
             return self.kind.value

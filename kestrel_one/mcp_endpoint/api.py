@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.cache import caches
+from django.db.models import Q
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -56,10 +57,8 @@ class McpRateThrottle(SimpleRateThrottle):
     """At most ``KESTREL_MCP_RATE`` requests per caller, counted in the shared cache (every
     web process sees the same count).
 
-    The caller is whoever holds the authority, not the token in hand: a person (every token
-    of theirs, an OAuth client's refreshed ones included, shares one count), an integration
-    token with the tokens it minted (its lineage), or the local agent. Counted per token, a
-    refresh or a freshly minted token would start a new count.
+    The caller is whoever holds the authority, not the token in hand (``holder_id``): an
+    OAuth client's refreshed token, or a freshly minted one, counts with the ones before it.
     """
 
     scope = "mcp"
@@ -72,17 +71,9 @@ class McpRateThrottle(SimpleRateThrottle):
         return settings.KESTREL_MCP_RATE
 
     def get_cache_key(self, request, view):
-        return self.cache_format % {"scope": self.scope, "ident": self._caller(request)}
-
-    def _caller(self, request) -> str:
         principal = request.auth
-        if principal is None:
-            return self.get_ident(request)
-        if principal.user is not None:
-            return principal.user.public_id
-        if principal.token is not None:
-            return principal.token.lineage
-        return principal.actor_id
+        ident = principal.holder_id if principal is not None else self.get_ident(request)
+        return self.cache_format % {"scope": self.scope, "ident": ident}
 
 
 class JsonErrors(BaseContentNegotiation):
@@ -249,21 +240,33 @@ class McpEndpointViewSet(ProjectScopedViewSet):
         client = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
         name = client.get("name") if isinstance(client.get("name"), str) else ""
         version = params.get("protocolVersion")
-        # This caller's sessions that ended or went idle long ago go (a client that opens a
-        # session per connection would otherwise leave rows behind).
-        stale = timezone.now() - 7 * timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS)
-        McpSession.objects.filter(
-            organization=self.organization, actor_id=self.principal.actor_id, last_seen_at__lt=stale
-        ).delete()
+        holder = self.principal.holder_id
+        self._make_room(holder)
         return McpSession.objects.create(
             organization=self.organization,
             project=self.project,
             actor_id=self.principal.actor_id,
+            holder_id=holder,
             mode=caller.mode.value,
             thread=caller.thread,
             client_name=name[:200],
             protocol_version=version[:32] if isinstance(version, str) else "",
         )
+
+    def _make_room(self, holder: str) -> None:
+        """Before a new session of ``holder``: theirs that can no longer be used (ended, idle
+        past the limit) go, and of the rest only the most recently used
+        ``KESTREL_MCP_SESSIONS_PER_CALLER`` - 1 stay. A client that opens a session per
+        connection, or a caller that opens them on purpose, leaves no more rows than that,
+        however many tokens it holds; a session pushed out answers 404 and its client starts
+        a new one, as after the idle limit."""
+        mine = McpSession.objects.filter(organization=self.organization, holder_id=holder)
+        idle = timezone.now() - timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS)
+        mine.filter(Q(ended_at__isnull=False) | Q(last_seen_at__lt=idle)).delete()
+        kept = mine.order_by("-last_seen_at", "-pk").values("pk")[
+            : settings.KESTREL_MCP_SESSIONS_PER_CALLER - 1
+        ]
+        mine.exclude(pk__in=kept).delete()
 
     @extend_schema(responses={405: OpenApiTypes.OBJECT})
     def stream(self, request, *args, **kwargs):

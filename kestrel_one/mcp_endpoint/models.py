@@ -22,6 +22,9 @@ class McpSession(models.Model):
     )
     # Who opened it (Principal.actor_id): only the same caller may use it.
     actor_id = models.CharField(max_length=64)
+    # Whose authority that caller holds (Principal.holder_id): what the bound on open
+    # sessions counts (KESTREL_MCP_SESSIONS_PER_CALLER).
+    holder_id = models.CharField(max_length=64, blank=True, default="")
     mode = models.CharField(max_length=8)
     # Made at the session's first tools/call, unless the client named one (?thread=).
     thread = models.ForeignKey(
@@ -34,7 +37,10 @@ class McpSession(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["organization", "public_id"])]
+        indexes = [
+            models.Index(fields=["organization", "public_id"]),
+            models.Index(fields=["organization", "holder_id", "last_seen_at"]),
+        ]
 
     def __str__(self) -> str:
         return self.public_id

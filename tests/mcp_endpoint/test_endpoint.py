@@ -8,8 +8,10 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+from kestrel_one.accounts.services import token_create
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import Action
 from kestrel_one.governance.services import policy_publish_environment
@@ -233,12 +235,51 @@ def test_an_idle_session_is_gone(world, settings):
         - timedelta(seconds=settings.KESTREL_MCP_SESSION_IDLE_SECONDS + 1)
     )
     assert rpc(client, endpoint(world), "tools/list", session=session).status_code == 404
-    # A fresh handshake works; the old row, long idle, is cleared once it is old enough.
-    McpSession.objects.filter(public_id=session).update(
-        last_seen_at=timezone.now() - timedelta(days=8)
-    )
+    # A fresh handshake works, and the caller's idle row, of no more use, goes.
     initialize(client, endpoint(world))
     assert not McpSession.objects.filter(public_id=session).exists()
+
+
+def test_a_caller_keeps_at_most_the_bound_of_sessions_whatever_tokens_it_holds(world, settings):
+    """A client that opens a session per connection, or a caller that opens them on purpose
+    with token after token, leaves no more rows than KESTREL_MCP_SESSIONS_PER_CALLER: a new
+    one pushes out the least recently used, which then answers 404 (its client starts a new
+    one). Ended sessions go at once. Another caller's sessions are not touched."""
+    settings.KESTREL_MCP_SESSIONS_PER_CALLER = 3
+    member = world["member"]
+    url = endpoint(world)
+    others = [initialize(world["owner"].client(), url) for _ in range(2)]
+    tokens = [member.client()]
+    for n in range(2):
+        _, plaintext = token_create(
+            actor=system_principal("tests"),
+            organization=world.org,
+            name=f"member token {n}",
+            scopes=sorted(member.token.scopes),
+            user=member.user,
+        )
+        tokens.append(
+            APIClient(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+        )
+    opened = []
+    for n in range(5):
+        client = tokens[n % 3]
+        opened.append((client, initialize(client, url)))
+        McpSession.objects.filter(public_id=opened[-1][1]).update(
+            last_seen_at=timezone.now() - timedelta(minutes=10 - n)
+        )
+    mine = McpSession.objects.filter(holder_id=member.user.public_id)
+    assert sorted(mine.values_list("public_id", flat=True)) == sorted(s for _, s in opened[2:])
+    for client, session in opened[:2]:
+        assert rpc(client, url, "tools/list", session=session).status_code == 404
+    for client, session in opened[2:]:
+        assert rpc(client, url, "tools/list", session=session).status_code == 200
+    # An ended session goes at the next handshake, leaving room: nothing else is pushed out.
+    client, ended = opened[2]
+    assert client.delete(url, HTTP_MCP_SESSION_ID=ended).status_code == 204
+    newest = initialize(client, url)
+    assert set(mine.values_list("public_id", flat=True)) == {opened[3][1], opened[4][1], newest}
+    assert McpSession.objects.filter(public_id__in=others).count() == 2
 
 
 MODERN = {"HTTP_MCP_PROTOCOL_VERSION": "2026-07-28", "HTTP_MCP_METHOD": "tools/call"}
