@@ -133,12 +133,15 @@ def _throttled(view, request: HttpRequest) -> HttpResponse | None:
     if throttle.allow_request(request, view):
         return None
     wait = math.ceil(throttle.wait() or 1)
-    refusal = registration.RegistrationRefused(
-        "temporarily_unavailable",
-        f"Too many token requests from this address; try again in {wait} seconds.",
-        429,
+    response = JsonResponse(
+        {
+            "error": "temporarily_unavailable",
+            "error_description": f"Too many token requests from this address; try again in "
+            f"{wait} seconds.",
+        },
+        status=429,
     )
-    response = refusal.response()
+    response["Cache-Control"] = "no-store"
     response["Retry-After"] = str(wait)
     return response
 
