@@ -77,8 +77,9 @@ class ApiToken(models.Model):
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
     )
-    # The public id of the root of the minting chain: a token minted by a token is the same
-    # agent, so it never approves what its lineage requested. A root's lineage is its own id.
+    # The public id of the root of the minting chain: a token minted by a token (or by an
+    # OAuth client's refresh, in place of the one before) is the same agent, so it never
+    # approves what its lineage requested. A root's lineage is its own id.
     lineage = models.CharField(max_length=40, db_index=True, editable=False)
     name = models.CharField(max_length=200)
     key_id = models.CharField(max_length=16, unique=True, editable=False)

@@ -81,6 +81,12 @@ class Principal:
         return "anonymous"
 
     @property
+    def agent_id(self) -> str:
+        """Which agent this principal is: its token's lineage (a token minted by a token, or
+        an OAuth client's refreshed one, is the same agent), else ``actor_id``."""
+        return self.lineage or self.actor_id
+
+    @property
     def holder_id(self) -> str:
         """Whoever holds the authority this principal acts with, which a bound per caller
         counts: the person (every token of theirs), an integration token with the tokens it

@@ -59,6 +59,7 @@ def token_create(
     checks: list[str] | None = None,
     limit_to_projects: list | None = None,
     audience: str = AUDIENCE_API,
+    replacing: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token and return it with its plaintext, which is never stored or shown again.
 
@@ -72,6 +73,8 @@ def token_create(
     person's token that sees only those projects, each one the person sees; and so is
     ``audience`` (``ApiToken.audience``: the OAuth token endpoint's tokens work only on the
     MCP endpoint). A token minted by a token works where its parent does, no further.
+    ``replacing`` is for the OAuth token endpoint too: the token a refresh replaces, whose
+    agent the new one is (its ``lineage``), as a token minted by a token is.
     """
     if audience not in AUDIENCES:
         raise ValidationFailed(f"Unknown token audience: {audience!r}.")
@@ -169,6 +172,7 @@ def token_create(
         checks=checks,
         expires_at=expires_at,
         audience=audience,
+        lineage=replacing.lineage if replacing is not None else "",
     )
     token.projects.set(chosen)
     data: dict[str, Any] = {

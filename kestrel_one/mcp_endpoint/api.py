@@ -163,7 +163,7 @@ class McpEndpointViewSet(ProjectScopedViewSet):
             return None
         session = (
             open_sessions(self.project)
-            .filter(public_id=session_id[:40], actor_id=self.principal.actor_id)
+            .filter(public_id=session_id[:40], agent_id=self.principal.agent_id)
             .first()
         )
         if session is None:
@@ -246,6 +246,7 @@ class McpEndpointViewSet(ProjectScopedViewSet):
             organization=self.organization,
             project=self.project,
             actor_id=self.principal.actor_id,
+            agent_id=self.principal.agent_id,
             holder_id=holder,
             mode=caller.mode.value,
             thread=caller.thread,

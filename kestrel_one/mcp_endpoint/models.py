@@ -20,8 +20,10 @@ class McpSession(models.Model):
     project = models.ForeignKey(
         "tenancy.Project", on_delete=models.CASCADE, related_name="mcp_sessions"
     )
-    # Who opened it (Principal.actor_id): only the same caller may use it.
+    # Who opened it (Principal.actor_id), and which agent that is (Principal.agent_id): only
+    # the same agent may use it (the token, one it minted, an OAuth client's refreshed one).
     actor_id = models.CharField(max_length=64)
+    agent_id = models.CharField(max_length=64, blank=True, default="")
     # Whose authority that caller holds (Principal.holder_id): what the bound on open
     # sessions counts (KESTREL_MCP_SESSIONS_PER_CALLER).
     holder_id = models.CharField(max_length=64, blank=True, default="")

@@ -171,9 +171,13 @@ def authorization_code_claim(*, application, code: str) -> AuthorizationCode | N
     return None
 
 
-def _mint(grant: OAuthGrant, scopes: list[str]) -> tuple[ApiToken, str, list[str]]:
+def _mint(
+    grant: OAuthGrant, scopes: list[str], replacing: ApiToken | None = None
+) -> tuple[ApiToken, str, list[str]]:
     """A fresh API token for the grant: the person's, for the one Project, with the grant's
-    scopes that the person's role still holds. Refused if they no longer see the Project."""
+    scopes that the person's role still holds. Refused if they no longer see the Project.
+    Replacing the grant's previous token, it is the same agent (``ApiToken.lineage``): what
+    that one requested it cannot approve, and the MCP sessions it opened stay the client's."""
     person = consenting_person(grant.user)
     organization = grant.project.organization
     if not grant.user.is_active:
@@ -194,6 +198,7 @@ def _mint(grant: OAuthGrant, scopes: list[str]) -> tuple[ApiToken, str, list[str
             expires_at=timezone.now() + settings.KESTREL_OAUTH_ACCESS_TOKEN_TTL,
             limit_to_projects=[grant.project],
             audience=AUDIENCE_MCP,
+            replacing=replacing,
         )
     except KestrelError as error:
         raise GrantRefused(str(error)) from None
@@ -263,7 +268,7 @@ def oauth_tokens_refresh(
         raise GrantRefused("The refresh token was already used or revoked.")
     RetiredRefreshToken.objects.create(grant=grant, refresh_hash=secret_digest(refresh_token))
     previous = grant.api_token
-    token, plaintext, granted = _mint(grant, scopes)
+    token, plaintext, granted = _mint(grant, scopes, replacing=previous)
     OAuthGrant.objects.filter(pk=grant.pk).update(api_token=token)
     if previous is not None and previous.revoked_at is None:
         token_revoke(actor=consenting_person(grant.user), token=previous)

@@ -539,3 +539,36 @@ def test_the_token_and_revocation_endpoints_are_bounded_per_address(live_server,
     # Refused, the refresh spent nothing: under a larger bound the same refresh token works.
     settings.KESTREL_OAUTH_TOKEN_RATE = "1000/min"
     assert refresh(client, client_id, rotated.json()["refresh_token"]).status_code == 200
+
+
+def test_an_mcp_session_outlives_its_clients_token_refresh_and_no_one_else_can_use_it(
+    live_server, world
+):
+    """A client refreshes its token every hour; the token it gets is the same agent (its
+    lineage), so the session it opened, with its thread and warm sandboxes, goes on. Another
+    client of the same person is another agent: the session id is a 404 to it."""
+    client, client_id, tokens = connect(live_server, world)
+    opened = mcp_initialize(client, world.project, tokens["access_token"])
+    assert opened.status_code == 200, opened.text
+    session = opened.headers["mcp-session-id"]
+    rotated = refresh(client, client_id, tokens["refresh_token"]).json()
+    current = ApiToken.objects.get(oauth_grant__application__client_id=client_id)
+    assert current.lineage != current.public_id  # the first token's: the same agent
+
+    def tools_list(token):
+        return client.post(
+            mcp_path(world.project),
+            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            headers={
+                **bearer(token),
+                "Accept": ACCEPT,
+                "MCP-Protocol-Version": "2025-11-25",
+                "Mcp-Session-Id": session,
+            },
+        )
+
+    answer = tools_list(rotated["access_token"])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["tools"]
+    _, _, other = connect(live_server, world)
+    assert tools_list(other["access_token"]).status_code == 404

@@ -3,18 +3,20 @@
 from django.db import migrations, models
 
 
-def fill_holders(apps, schema_editor):
-    """A session opened before this migration counts for its token's person, or for the
-    token's lineage (an integration); anyone else is their own holder."""
+def fill_agents_and_holders(apps, schema_editor):
+    """A session opened before this migration is its token's agent (the token's lineage)
+    and counts for the token's person, or for that lineage (an integration); a caller
+    without a token is both itself."""
     session_model = apps.get_model("mcp_endpoint", "McpSession")
     token_model = apps.get_model("accounts", "ApiToken")
-    for session in session_model.objects.filter(holder_id="").iterator():
+    for session in session_model.objects.filter(agent_id="").iterator():
         token = token_model.objects.select_related("user").filter(public_id=session.actor_id).first()
         if token is None:
-            holder = session.actor_id
+            agent = holder = session.actor_id
         else:
+            agent = token.lineage
             holder = token.user.public_id if token.user_id else token.lineage
-        session_model.objects.filter(pk=session.pk).update(holder_id=holder[:64])
+        session_model.objects.filter(pk=session.pk).update(agent_id=agent, holder_id=holder)
 
 
 class Migration(migrations.Migration):
@@ -29,6 +31,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='mcpsession',
+            name='agent_id',
+            field=models.CharField(blank=True, default='', max_length=64),
+        ),
+        migrations.AddField(
+            model_name='mcpsession',
             name='holder_id',
             field=models.CharField(blank=True, default='', max_length=64),
         ),
@@ -36,5 +43,5 @@ class Migration(migrations.Migration):
             model_name='mcpsession',
             index=models.Index(fields=['organization', 'holder_id', 'last_seen_at'], name='mcp_endpoin_organiz_3462f6_idx'),
         ),
-        migrations.RunPython(fill_holders, migrations.RunPython.noop),
+        migrations.RunPython(fill_agents_and_holders, migrations.RunPython.noop),
     ]
