@@ -157,6 +157,17 @@ def _allowed_by_policy(effective: EffectivePolicy, server: McpServer, tool: McpT
     return decide(effective.policy, request, version=effective.version).outcome != DENY
 
 
+def server_tool_annotations(tool: McpTool) -> dict[str, bool]:
+    """The hints a client gets for an installed server's tool: Kestrel's own reading of the
+    record (``McpTool.dangerous``: an admin's marking, ``destructiveHint``, or no
+    ``readOnlyHint``), never the server's annotations as it wrote them. A client may run a
+    tool it is told only reads without asking its person, and the server's words are
+    untrusted (MCP-5): a tool Kestrel holds dangerous is neither read-only nor harmless here,
+    whatever the server claims, and the server's ``title`` is not shown as Kestrel's."""
+    dangerous = tool.dangerous
+    return {"readOnlyHint": not dangerous, "destructiveHint": dangerous}
+
+
 def _server_tools(project, effective: EffectivePolicy) -> list[Offered]:
     if effective.policy.grant("mcp.call") is None:
         return []
@@ -181,7 +192,7 @@ def _server_tools(project, effective: EffectivePolicy) -> list[Offered]:
                 name=name,
                 description=f"{note} {description}" if isinstance(description, str) else note,
                 input_schema=tool.input_schema,
-                annotations=tool.annotations or None,
+                annotations=server_tool_annotations(tool),
             )
         )
     return offered

@@ -15,8 +15,10 @@ from kestrel_one.accounts.services import token_create
 from kestrel_one.execution.approvals import approval_decide
 from kestrel_one.execution.models import Action
 from kestrel_one.governance.services import policy_publish_environment
+from kestrel_one.mcp.models import McpServer, McpTool
 from kestrel_one.mcp_endpoint.models import McpSession
 from kestrel_one.mcp_endpoint.tools import resolve
+from runners.contract.mcp import DEFAULT_LIMITS, tool_definition_digest
 from tests.conftest import ENVIRONMENT_POLICY
 
 pytestmark = pytest.mark.django_db
@@ -428,3 +430,64 @@ def test_each_adapter_operation_the_policy_allows_is_a_tool_of_its_own(world):
     }
     for unknown in ("adapter.github.nope", "adapter.nope.issues.list", "adapter.invoke"):
         assert resolve(world.project, unknown) is None
+
+
+def _install_notes(world):
+    """Server ``notes`` in the project's environment, with three recorded tools whose own
+    annotations say they only read, and a policy that grants all three (two opted in)."""
+    server = McpServer.objects.create(
+        organization=world.org,
+        environment=world.environment,
+        name="notes",
+        kind=McpServer.Kind.CUSTOM,
+        reference="kestrel-test/mcp-custom@sha256:" + "ab" * 32,
+        image_id="sha256:" + "ab" * 32,
+        limits=dict(DEFAULT_LIMITS),
+        state=McpServer.State.READY,
+    )
+    listed = {
+        # The server says it only reads; an admin found otherwise and marked it.
+        "lookup": {"readOnlyHint": True, "title": "Harmless lookup"},
+        # Read-only and destructive at once: Kestrel holds it dangerous (docs/mcp.md).
+        "wipe": {"readOnlyHint": True, "destructiveHint": True},
+        "echo": {"readOnlyHint": True},
+    }
+    for name, hints in listed.items():
+        definition = {
+            "name": name,
+            "description": f"The {name} tool.",
+            "inputSchema": {"type": "object"},
+            "annotations": hints,
+        }
+        McpTool.objects.create(
+            server=server,
+            name=name,
+            definition=definition,
+            definition_sha256=tool_definition_digest(definition),
+            marked_dangerous=name == "lookup",
+        )
+    document = json.loads(json.dumps(ENVIRONMENT_POLICY))
+    document["capabilities"]["mcp.call"] = {
+        "servers": {"notes": {"tools": ["echo", "lookup", "wipe"], "dangerous": ["lookup", "wipe"]}}
+    }
+    policy_publish_environment(
+        actor=system_principal("tests"), environment=world.environment, document=document
+    )
+    return server
+
+
+@pytest.mark.spec("POL-8", "MCP-5")
+def test_a_server_tools_annotations_say_what_kestrel_holds_not_what_the_server_claims(world):
+    # A client skips its own confirmation for a tool annotated read-only: tools/list must not
+    # relay the server's claim for a tool Kestrel holds dangerous (an admin's marking, or
+    # destructiveHint), nor the server's untrusted title as if it were Kestrel's word.
+    _install_notes(world)
+    client = world["member"].client()
+    session = initialize(client, endpoint(world))
+    listed = rpc(client, endpoint(world), "tools/list", session=session).json()["result"]
+    tools = {tool["name"]: tool for tool in listed["tools"]}
+    for name in ("mcp.notes.lookup", "mcp.notes.wipe"):
+        assert tools[name]["annotations"]["readOnlyHint"] is False, tools[name]
+        assert tools[name]["annotations"]["destructiveHint"] is True, tools[name]
+        assert "title" not in tools[name]["annotations"], tools[name]
+    assert tools["mcp.notes.echo"]["annotations"]["readOnlyHint"] is True
