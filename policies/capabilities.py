@@ -512,6 +512,9 @@ def _meet_operations(first: frozenset[str], second: frozenset[str]) -> frozenset
     return (first & second) or None
 
 
+_PLATFORM_CEILINGS = Limits.from_mapping({})
+
+
 @dataclass(frozen=True)
 class McpGrant(Grant):
     """mcp.call: per server, the tools that may be called (``(name, ServerTools)`` pairs)."""
@@ -522,6 +525,13 @@ class McpGrant(Grant):
     def __post_init__(self) -> None:
         by_name = {} if isinstance(self.servers, Everything) else dict(self.servers)
         object.__setattr__(self, "_by_name", by_name)
+
+    @property
+    def limits(self) -> Limits:
+        """The platform's default ceilings, which no document states for mcp.call (a server's
+        container has its own, in its profile): a call's ``timeout_s`` may shorten the call,
+        never lengthen it past them."""
+        return _PLATFORM_CEILINGS
 
     def meet(self, other: McpGrant) -> McpGrant | None:
         servers = _meet_keyed(self.servers, other.servers, _meet_server_tools)

@@ -29,6 +29,7 @@ from kestrel_one.mcp.calls import MAX_ARGUMENT_ERRORS, pinned_of
 from kestrel_one.mcp.models import McpServer, McpTool
 from kestrel_one.mcp.schema_check import CHECK_TIMEOUT_SECONDS
 from kestrel_one.threads.services import thread_create
+from policies import DEFAULT_LIMITS as PLATFORM_CEILINGS
 from policies import parse_policy
 from runners.contract.mcp import DEFAULT_LIMITS, profile_digest, tool_definition_digest
 from runners.contract.tokens import generate_private_key_pem, public_key_pem, sign_result
@@ -755,3 +756,17 @@ def test_a_schema_naming_a_url_or_file_makes_the_control_plane_fetch_nothing(mcp
         server.shutdown()
         server.server_close()
     assert fetched == []
+
+
+def test_a_calls_timeout_may_shorten_it_and_never_lengthen_it(mcp, sent):
+    """The schema offers ``timeout_s`` and the runner honours it, but the policy had no
+    ceilings for mcp.call, so every call that set one was denied ("takes no resource
+    limits"). It is held to the platform's default ceiling, as a shell.exec is by default."""
+    short = mcp.call("echo", {"text": "hello"}, timeout_s=5)
+    assert short.state == ActionState.QUEUED, short.decision
+    assert short.limits["timeout_s"] == 5
+    unset = mcp.call("echo", {"text": "hello"})
+    assert unset.limits["timeout_s"] == PLATFORM_CEILINGS["timeout_s"]
+    long = mcp.call("echo", {"text": "hello"}, timeout_s=PLATFORM_CEILINGS["timeout_s"] + 1)
+    assert long.state == ActionState.DENIED
+    assert "exceeds the ceiling 300" in " ".join(long.decision["reasons"]), long.decision
