@@ -212,14 +212,19 @@ def inventory_tools_of(organization) -> QuerySet[McpTool]:
 
 def inventory_tool_body(tool: McpTool) -> dict:
     """One recorded tool of the runtime inventory: it needs ``mcp.call``; whether it is
-    dangerous comes from the record (POL-8)."""
+    dangerous comes from the record (POL-8). ``callable`` is what admission checks before
+    any policy: the tool enabled on a ready server (one discovering or failed calls nothing,
+    whatever its tools' states)."""
     return {
         "tool": "mcp.call",
         "server": tool.server.public_id,
         "server_name": tool.server.name,
+        "server_state": tool.server.state,
         "environment": tool.server.environment.public_id,
         "name": tool.name,
         "capability": "mcp.call",
         "dangerous": tool.dangerous,
         "state": tool.state,
+        "callable": tool.state == McpTool.State.ENABLED
+        and tool.server.state == McpServer.State.READY,
     }

@@ -480,16 +480,34 @@ def test_the_org_inventory_lists_each_installed_servers_recorded_tools(world):
             "tool": "mcp.call",
             "server": server["id"],
             "server_name": "notes",
+            "server_state": "ready",
             "environment": world.environment.public_id,
             "name": name,
             "capability": "mcp.call",
             "dangerous": dangerous,
             "state": "enabled",
+            "callable": True,
         }
         for name, dangerous in (("append_note", True), ("echo", False))
     ]
     foreign = world["outsider"].client().get("/api/v1/orgs/globex/tools").json()
     assert foreign["mcp_tools"] == []
+
+
+@pytest.mark.spec("POL-7")
+def test_the_inventory_says_a_refreshing_servers_tools_cannot_be_called(world):
+    """A server an admin refreshes is discovering, and admission refuses its calls until
+    the discovery ends: its enabled tools must not read as callable meanwhile."""
+    admin = world["admin"].client()
+    server = installed(admin, world)
+    discovered(server["id"], ECHO)
+    McpServer.objects.filter(public_id=server["id"]).update(state=McpServer.State.DISCOVERING)
+    [tool] = world["viewer"].client().get("/api/v1/orgs/acme/tools").json()["mcp_tools"]
+    assert (tool["state"], tool["server_state"], tool["callable"]) == (
+        "enabled",
+        "discovering",
+        False,
+    )
 
 
 @pytest.mark.spec("POL-7")
