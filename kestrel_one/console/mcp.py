@@ -68,7 +68,8 @@ def egress_from_text(raw: str) -> list[Any]:
     line (blank lines and ``#`` comments skipped). Only the shape of the text is read here;
     every entry is checked by the service's strict parser, which names each error at its
     path (``egress[2].port``). A port that is not all digits stays a string so that the
-    parser refuses it rather than this guessing."""
+    parser refuses it rather than this guessing. JSON that cannot be read (nested too deeply,
+    a number of too many digits) is a form error (``json_loads``)."""
     text = raw.strip()
     if not text:
         return []
@@ -93,14 +94,18 @@ def egress_from_text(raw: str) -> list[Any]:
                 f"line {number}: expected `host port protocol`, e.g. `api.example.com 443 https`"
             )
         host, port, protocol = parts
-        entries.append(
-            {
-                "host": host,
-                "port": int(port) if port.isascii() and port.isdigit() else port,
-                "protocol": protocol,
-            }
-        )
+        entries.append({"host": host, "port": _port_from_text(port), "protocol": protocol})
     return entries
+
+
+def _port_from_text(port: str) -> int | str:
+    """The port as the integer its digits say, else the text as typed (the parser refuses
+    it). More digits than any port has are read as one past the largest port, which the
+    parser refuses as out of range: Python reads no integer of more than 4,300 digits."""
+    if not (port.isascii() and port.isdigit()):
+        return port
+    digits = port.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 5 else 65536
 
 
 def egress_as_text(entries: list[dict]) -> str:

@@ -35,3 +35,14 @@ def test_an_upstream_answer_nested_too_deeply_is_read_as_no_json():
     reader = StreamReader(provider="openai")
     [(_event, payload, _raw)] = reader.feed(f"data: {DEEP}\n\n".encode())
     assert payload is None
+
+
+def test_a_number_of_too_many_digits_is_a_decode_error_not_a_bare_value_error():
+    """Python reads no integer of more than 4,300 digits; json.loads then raises a plain
+    ValueError, which an ``except json.JSONDecodeError`` misses."""
+    long_number = "[" + "4" * 5000 + "]"
+    with pytest.raises(ValueError) as raised:
+        json.loads(long_number)
+    assert not isinstance(raised.value, json.JSONDecodeError)
+    with pytest.raises(json.JSONDecodeError, match="a number has too many digits"):
+        json_loads(long_number)

@@ -471,3 +471,30 @@ def test_egress_text_nested_too_deeply_is_a_form_error_not_a_server_error(world,
     assert "not valid JSON: nested too deeply" in refused.content.decode()
     server.refresh_from_db()
     assert server.egress == []
+
+
+@pytest.mark.spec("API-6")
+@pytest.mark.parametrize(
+    ("egress", "says"),
+    [
+        ("api.example.com " + "4" * 5000 + " https", "egress[0].port: must be an integer"),
+        (
+            '[{"host": "api.example.com", "port": ' + "4" * 5000 + ', "protocol": "https"}]',
+            "not valid JSON: a number has too many digits",
+        ),
+    ],
+    ids=["line", "json"],
+)
+def test_a_port_of_thousands_of_digits_is_a_form_error_not_a_server_error(
+    world, server, egress, says
+):
+    """Python refuses to read an integer of more than 4,300 digits (a ValueError that is no
+    JSONDecodeError); the form fits far more, so it must say so, not answer 500."""
+    admin = _client(world["admin"].user)
+    admin.raise_request_exception = False
+    page = _page(world, server)
+    refused = _post(admin, page, page, {"egress": egress})
+    assert refused.status_code == 400, refused.status_code
+    assert says in refused.content.decode()
+    server.refresh_from_db()
+    assert server.egress == []
