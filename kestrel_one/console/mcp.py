@@ -26,10 +26,11 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from kestrel_one.common.errors import KestrelError
+from kestrel_one.common.injection import hidden_revealed
 from kestrel_one.common.jsontext import json_loads
 from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.paging import page_of
-from kestrel_one.governance.drafts import policy_diff
+from kestrel_one.governance.drafts import DiffLine, policy_diff
 from kestrel_one.mcp import services
 from kestrel_one.mcp.models import McpServer, McpTool
 from kestrel_one.mcp.profiles import (
@@ -213,30 +214,42 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+def _shown(text: Any) -> str:
+    """A server's own text as the page shows it: every character a person could not see
+    (a bidi control, a zero-width or tag character) as ``[U+XXXX]``, so that what an admin
+    reads and accepts is all that an agent's model will read (``injection.hidden_revealed``)."""
+    return hidden_revealed(text if isinstance(text, str) else "" if text is None else str(text))
+
+
 def tool_view(tool: McpTool) -> dict[str, Any]:
-    """What the page shows of one recorded tool, and of its pending definition."""
+    """What the page shows of one recorded tool, and of its pending definition. Everything
+    the server wrote (name, title, description, schemas, annotations) is ``_shown``."""
     definition = tool.definition or {}
     pending = None
     if tool.pending_definition is not None:
         new = tool.pending_definition
         pending = {
             "definition": new,
-            "pretty": _pretty(new),
-            "description": new.get("description", ""),
+            "pretty": _shown(_pretty(new)),
+            "description": _shown(new.get("description", "")),
             "sha256": tool.pending_sha256,
             "flags": tool.pending_flags,
             "seen_at": tool.pending_seen_at,
-            "diff": policy_diff(definition or None, new),
+            "diff": [
+                DiffLine(line.kind, _shown(line.text))
+                for line in policy_diff(definition or None, new)
+            ],
             # The definition fields that differ (the API's ``pending.diff``).
             "fields": sorted(tool_body(tool)["pending"]["diff"]),
         }
     return {
         "tool": tool,
-        "title": definition.get("title", ""),
-        "description": definition.get("description", ""),
-        "schema": _pretty(tool.input_schema),
-        "annotations": _pretty(tool.annotations) if tool.annotations else "",
-        "recorded": _pretty(definition),
+        "name": _shown(tool.name),
+        "title": _shown(definition.get("title", "")),
+        "description": _shown(definition.get("description", "")),
+        "schema": _shown(_pretty(tool.input_schema)),
+        "annotations": _shown(_pretty(tool.annotations)) if tool.annotations else "",
+        "recorded": _shown(_pretty(definition)),
         "dangerous": tool.dangerous,
         "reasons": danger_reasons(tool),
         "pending": pending,
@@ -329,6 +342,8 @@ class _OneServer(ConsoleView):
         profile = server_profile(server, now=now)
         context = {
             "server": server,
+            # A runner's words about the server, which may quote the server's own output.
+            "error_message": _shown((server.error or {}).get("message", "")),
             "profile": _pretty(profile),
             "network": network_of(server, risk_acceptance_in_force(server, now=now)),
             "tools": tools,
@@ -347,7 +362,7 @@ class _OneServer(ConsoleView):
             "can_write": self.can("mcp:write"),
             "errors": errors or [],
             "notice": {
-                key: self.request.GET.get(key, "")[:40]
+                key: _shown(self.request.GET.get(key, "")[:40])
                 for key in (
                     "installed",
                     "egress",
