@@ -48,6 +48,11 @@ class Principal:
     # source of authority (``user`` stays None, so nothing a person may do is open to it).
     acting_for: object | None = None
     system_name: str = ""
+    # A console session only: whether its person signed in, or confirmed who they are, within
+    # KESTREL_CONSOLE_SUDO_SECONDS (console sudo mode). A decision only a person may make
+    # (``execution.approvals.require_person``) is refused to a session where it is False, so
+    # every such decision asks for it, whichever page posts it. None: no surface asks.
+    reauthenticated: bool | None = None
     _memberships: dict[int, object | None] = field(default_factory=dict, repr=False)
 
     @property

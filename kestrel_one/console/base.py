@@ -4,8 +4,10 @@ Like the API's ``OrgScopedViewSet``: the organization comes from the URL and is 
 *through* the signed-in person (``organization_addressed``), so an organization they
 cannot see is the same 404 page as one that does not exist; then the method's scope is
 checked (a 403 page only for members who lack it); then the sensitive methods ask for sudo
-mode. Objects are always fetched through ``self.organization`` with the selectors the API
-uses. Overriding ``dispatch`` is refused when the class is created, so no page skips this.
+mode, as does every decision only a person may make, whichever page's service asks for one
+(``execution.approvals.require_person``). Objects are always fetched through
+``self.organization`` with the selectors the API uses. Overriding ``dispatch`` is refused
+when the class is created, so no page skips this.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from django.views import View
 from kestrel_one.accounts.principal import Principal, PrincipalKind, missing_scope_message
 from kestrel_one.console.paging import capped_count
 from kestrel_one.console.sudo import sudo_fresh, sudo_redirect, sudo_seconds_left
+from kestrel_one.execution.approvals import ReauthenticationRequired
 from kestrel_one.execution.selectors import actions_awaiting_decision
 from kestrel_one.tenancy.models import Organization
 from kestrel_one.tenancy.selectors import organization_addressed
 
 
 def session_principal(request: HttpRequest) -> Principal:
-    return Principal(PrincipalKind.SESSION, user=request.user)
+    return Principal(PrincipalKind.SESSION, user=request.user, reauthenticated=sudo_fresh(request))
 
 
 class ConsoleView(View):
@@ -76,7 +79,12 @@ class ConsoleView(View):
         what = self.sudo_for.get(method)
         if what is not None and not sudo_fresh(request):
             return sudo_redirect(request, back_to=self.back_to(), what=what)
-        return super().dispatch(request, *args, **kwargs)
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        except ReauthenticationRequired as needed:
+            # A decision only a person may make, which this page's service asked for:
+            # refused inside its transaction (nothing written), like a sudo_for method.
+            return sudo_redirect(request, back_to=self.back_to(), what=needed.what)
 
     def resolve_parents(self, **kwargs: Any) -> None:
         """Fetch the objects named in the URL, always through ``self.organization``; raise

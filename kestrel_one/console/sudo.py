@@ -1,8 +1,10 @@
 """Sudo mode: the sensitive console operations need a sign-in within the last few minutes.
 
 Approving or denying, accepting a plan, publishing a policy, creating a token with
-``actions:approve`` and accepting a networking risk are each one POST a person makes on
-purpose; a session left open on a shared screen should not be enough for them. Signing in
+``actions:approve``, and every decision only a person may make (``require_person``: accepting
+a networking risk, an MCP tool's new definition or egress entries, installing an MCP server)
+are each one POST a person makes on purpose; a session left open on a shared screen should
+not be enough for them. Signing in
 (or confirming one's password again on ``/console/sudo``) stamps the session; the stamp is
 fresh for ``KESTREL_CONSOLE_SUDO_SECONDS``. A sensitive POST without a fresh stamp changes
 nothing and sends the person to confirm, then back to the page they were on, where they

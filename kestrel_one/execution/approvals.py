@@ -35,6 +35,17 @@ from kestrel_one.threads.services import event_append, thread_require_open
 from policies import DENY
 
 
+class ReauthenticationRequired(Exception):
+    """A person's decision came through a console session past sudo mode: nothing is decided,
+    and the console sends the person to confirm who they are (``what`` says for what). Not a
+    ``KestrelError``, so that no page shows it as a refusal: the console's base view answers
+    it (``console.base.ConsoleView.dispatch``)."""
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
 def require_person(
     actor, *, organization, requested_by_lineage: str = "", act: str, what: str
 ) -> None:
@@ -48,6 +59,11 @@ def require_person(
     task acceptance shares its endpoint with named checks, which need ``projects:write``.
 
     ``act`` and ``what`` make the messages: "approve" "this action", "accept" "this plan".
+
+    Through the console it also takes sudo mode (``Principal.reauthenticated``): each decision
+    a person alone may make is one that a session left open must not be enough for, whichever
+    page posts it (``ReauthenticationRequired``, raised inside the caller's transaction, so
+    nothing is written).
     """
     if actor.kind == PrincipalKind.LOCAL_AGENT:
         raise PermissionDenied(
@@ -67,6 +83,8 @@ def require_person(
             f"lineage), cannot {act} {what}: a token minted by a token is the same agent. "
             "Sign in to the console, or use a token made there for deciding."
         )
+    if actor.reauthenticated is False:
+        raise ReauthenticationRequired(f"{act} {what}")
 
 
 def _digest_intact(action: Action) -> None:

@@ -702,6 +702,8 @@ MCP: dict[str, Page] = {
                     "managed": "time",
                 },
                 expect=dict(NOT_MEMBERS),
+                # Installing is a person's decision (require_person): sudo mode.
+                sudo=True,
             ),
         )
     ),
@@ -712,6 +714,8 @@ MCP: dict[str, Page] = {
             Post(
                 body=lambda world: {"egress": "api.example.com 443 https"},
                 expect=dict(NOT_MEMBERS),
+                # An entry the grant in force does not hold: approving it is a person's.
+                sudo=True,
             ),
         ),
     ),

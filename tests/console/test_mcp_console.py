@@ -532,3 +532,59 @@ def test_a_description_hiding_text_is_flagged_and_shown_character_by_character(w
     assert "Sum [U+202E]evil" in main
     assert tool.pending_flags == ["hidden_characters", "ignore_instructions"]
     assert "hidden_characters</span>" in main and "ignore_instructions</span>" in main
+
+
+def _stale(user) -> Client:
+    """A session signed in longer ago than sudo mode lasts."""
+    from kestrel_one.console.sudo import SESSION_KEY
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)  # a sign-in, which stamps the session
+    session = client.session
+    session.pop(SESSION_KEY, None)
+    session.save()
+    return client
+
+
+@pytest.mark.spec("SURF-4", "MCP-2", "MCP-5", "POL-8")
+def test_a_persons_mcp_decision_in_a_stale_session_asks_for_sudo(world, server):
+    """Installing a server, accepting a tool's new definition, unmarking a dangerous tool and
+    approving egress entries are decisions only a person may make, as approving an action or
+    accepting a networking risk is: a session left open must not be enough for them."""
+    echo = server.tools.get(name="echo")
+    echo.marked_dangerous = True
+    echo.save()
+    stale = _stale(world["admin"].user)
+    page = _page(world, server)
+    image = "registry.example.com/other@" + DIGEST
+    for action, body in [
+        (
+            _page(world),
+            {"name": "other", "environment": world.environment.public_id, "kind": "custom"}
+            | {"image": image, "workspace": "none", "egress": ""},
+        ),
+        (f"{page}/tools/poisoned/review", {"accept": "yes"}),
+        (f"{page}/tools/echo/mark", {"dangerous": "off"}),
+        (page, {"egress": "api.example.com 443 https"}),
+    ]:
+        before = database_fingerprint()
+        response = _post(stale, page if action != _page(world) else action, action, body)
+        assert response.status_code == 303, (action, response.status_code)
+        assert response["Location"].startswith("/console/sudo?"), (action, response["Location"])
+        assert database_fingerprint() == before, f"{action}: decided without sudo mode"
+
+    # What only narrows needs no sudo mode: keeping a tool disabled, marking one dangerous.
+    kept = _post(stale, page, f"{page}/tools/poisoned/review", {"accept": "no"})
+    assert kept.status_code == 303 and kept["Location"].startswith(page), kept["Location"]
+    echo.marked_dangerous = False
+    echo.save()
+    marked = _post(stale, page, f"{page}/tools/echo/mark", {"dangerous": "on"})
+    assert marked.status_code == 303 and marked["Location"].startswith(page)
+    echo.refresh_from_db()
+    assert echo.marked_dangerous is True
+
+    # Confirmed, the same decision goes through.
+    fresh = _client(world["admin"].user)
+    accepted = _post(fresh, page, f"{page}/tools/poisoned/review", {"accept": "yes"})
+    assert accepted.status_code == 303 and accepted["Location"].startswith(page)
+    assert server.tools.get(name="poisoned").state == McpTool.State.ENABLED
