@@ -85,6 +85,23 @@ def _has_hidden(text: str) -> bool:
     return not (text.isascii() and text.isprintable()) and any(is_hidden(c) for c in text)
 
 
+# What joins an emoji to the next or picks its presentation ("❤️", "👩‍💻"): hidden, and
+# shown as [U+XXXX] where a person reviews a server's text, but after a character that is no
+# ASCII it is how emoji are written, not a sign of hiding, so it alone raises no flag. The
+# text it could split is still matched without it.
+_EMOJI_GLUE = frozenset("‍︎️")
+
+
+def _hides(text: str) -> bool:
+    """Whether ``text`` holds a hidden character worth a flag."""
+    if not _has_hidden(text):
+        return False
+    return any(
+        is_hidden(char) and not (char in _EMOJI_GLUE and at > 0 and not text[at - 1].isascii())
+        for at, char in enumerate(text)
+    )
+
+
 def _as_a_model_reads(text: str) -> str:
     """``text`` with each tag character as the ASCII it mirrors and every other hidden
     character dropped: the phrase a person cannot see, which the patterns then match."""
@@ -114,7 +131,8 @@ def injection_flags(value: Any) -> list[str]:
             text = item[: budget[0]]
             budget[0] -= len(text)
             if _has_hidden(text):
-                found.add(HIDDEN_CHARACTERS)
+                if _hides(text):
+                    found.add(HIDDEN_CHARACTERS)
                 text = _as_a_model_reads(text)
             found.update(name for name, pattern in PATTERNS.items() if pattern.search(text))
         elif isinstance(item, dict):

@@ -23,7 +23,8 @@ def json_loads(text: str | bytes | bytearray, **options: Any) -> Any:
     document = text if isinstance(text, str) else ""
     try:
         return json.loads(text, **options)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        # Bytes that are no text stay what they were, a ValueError with its own message.
         raise
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", document, 0) from None

@@ -34,3 +34,13 @@ def test_hidden_characters_are_flagged_and_what_they_hide_is_matched(text, flags
 def test_visible_text_is_left_as_it_is(text):
     assert injection_flags(text) == []
     assert hidden_revealed(text) == text
+
+
+@pytest.mark.parametrize("text", ["I \u2764\ufe0f it", "\U0001f469\U0001f3fd\u200d\U0001f4bb ok"])
+def test_how_emoji_are_written_raises_no_flag_but_is_shown(text):
+    """A variation selector or joiner after an emoji is how emoji are written: flagging it
+    would flag ordinary text everywhere. It is still revealed where a person reviews."""
+    assert injection_flags(text) == []
+    assert "[U+" in hidden_revealed(text)
+    # The same joiner inside an ASCII word is a split, and flagged.
+    assert injection_flags("ign\u200dore") == ["hidden_characters"]

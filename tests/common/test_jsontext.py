@@ -46,3 +46,10 @@ def test_a_number_of_too_many_digits_is_a_decode_error_not_a_bare_value_error():
     assert not isinstance(raised.value, json.JSONDecodeError)
     with pytest.raises(json.JSONDecodeError, match="a number has too many digits"):
         json_loads(long_number)
+
+
+def test_bytes_that_are_no_text_keep_their_own_error():
+    # Not a number's digits: the message must not say it was (a UnicodeDecodeError is a
+    # ValueError too, and each caller already answers it).
+    with pytest.raises(UnicodeDecodeError):
+        json_loads(b"\xff\xfe\x00")
