@@ -31,6 +31,7 @@ import requests.exceptions
 from mcp import ClientSession, StdioServerParameters
 from mcp import types as mcp_types
 from mcp.client.stdio import stdio_client
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from runners.contract.canonical import canonical_json
 from runners.contract.mcp import (
@@ -305,16 +306,39 @@ class _StdioRecords(PerKindLimit):
 logging.getLogger(stdio_client.__module__).addFilter(_StdioRecords())
 
 
-class ServerSession(ClientSession):
-    """The SDK's client session, less its check of a tool's structured output against the
-    tool's ``outputSchema``.
+class _EveryMethod(frozenset[str]):
+    """Every method name, as the dispatcher's ``inline_methods`` asks (``in``)."""
 
-    That check runs jsonschema inside the event loop, where no timeout stops it, on a schema
+    def __contains__(self, method: object) -> bool:
+        return True
+
+
+class ServerSession(ClientSession):
+    """The SDK's client session, with the server's requests answered one at a time in the
+    read loop, and less its check of a tool's structured output against the tool's
+    ``outputSchema``.
+
+    A server may send the client requests (ping, roots, sampling, elicitation, or any other
+    method, which is refused). The SDK's dispatcher answered each in a task of its own, and
+    that task waits until the answer is written to the server's stdin: a server that sends
+    requests and never reads its stdin had the runner hold every request it sent (1.4 GB
+    for 2 GB of them, in a relay for as long as the server lives). Answered in the read loop
+    (``inline_methods``, for every method), a request whose answer cannot be written stops
+    the reading: the server's own writes then wait, and the call's timeout ends the session.
+    None of the client's answers waits for the server, so nothing deadlocks a server that
+    reads them.
+
+    The output check runs jsonschema inside the event loop, where no timeout stops it, on a schema
     and a result the server chose: ``uniqueItems`` over 16,000 objects held a runner for four
     minutes past a 2 s timeout, and a relay's event loop (its idle and expiry watch) with it.
     A server's output is untrusted data here whatever it claims to conform to: bounded
     (``bounded_result``), then redacted and flagged by the control plane, never obeyed, so
     nothing on the runner relies on that check."""
+
+    def __init__(self, read_stream: Any, write_stream: Any) -> None:
+        super().__init__(
+            dispatcher=JSONRPCDispatcher(read_stream, write_stream, inline_methods=_EveryMethod())
+        )
 
     async def validate_tool_result(self, name: str, result: mcp_types.CallToolResult) -> None:
         return None

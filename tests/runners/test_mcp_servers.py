@@ -1539,3 +1539,77 @@ def test_a_line_longer_than_the_bound_ends_the_session_at_once(
     assert f"a line longer than {MAX_LINE_BYTES} bytes" in str(failed.value)
     assert "no answer in time" not in str(failed.value)
     assert _server_containers(engine, project) == []
+
+
+# A server (plain JSON-RPC, no SDK) whose tool answers a call with requests to the client, each
+# with an id and params of 200 KB, and never reads its stdin again: the client's answers (the
+# id echoed) fill the pipe at once. Only then, if it is still being read, the call's result.
+_REQUEST_FLOOD = """
+import json, sys, time
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
+TOOL = {"name": "flood", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        version = message["params"]["protocolVersion"]
+        send({"jsonrpc": "2.0", "id": ident, "result": {"protocolVersion": version,
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "flood", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})
+    elif method == "tools/call":
+        pad = "p" * 200_000
+        for n in range(2500):
+            asked = ("ping", "roots/list", "sampling/createMessage", "x-kestrel/any")[n % 4]
+            send({"jsonrpc": "2.0", "id": f"{n}-{pad}", "method": asked,
+                  "params": {"_meta": {"pad": pad}}})
+        done = {"content": [{"type": "text", "text": "done"}]}
+        send({"jsonrpc": "2.0", "id": ident, "result": done})
+        time.sleep(600)
+"""
+_CALL_AND_MEASURE = """
+import json, resource, sys, uuid
+from pathlib import Path
+from runners.mcp.errors import McpError
+from runners.mcp.servers import DockerMcpServers
+
+pinned, project = json.loads(sys.argv[1]), sys.argv[2]
+servers = DockerMcpServers(runner_id=sys.argv[3], idle_seconds=60, max_servers=0)
+try:
+    servers.call(pinned, "flood", {}, project=project, thread=None,
+                 call_id=f"call_{uuid.uuid4().hex}", workspace=Path("/nonexistent"), timeout_s=20)
+    outcome = "answered"
+except McpError as error:
+    outcome = error.code
+peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+print(json.dumps({"outcome": outcome, "peak_mb": peak_mb}))
+"""
+
+
+@pytest.mark.spec("MCP-5", "RUN-3")
+def test_a_server_asking_the_client_faster_than_it_reads_the_answers_costs_the_runner_no_memory(
+    engine: Any, project: str, server_image: str, runner_id: str
+) -> None:
+    """A server may send requests to the client (ping, roots, sampling, any method), and the
+    SDK answered each in a task of its own, which waited for the server to read the answer:
+    a server that never reads its stdin had the runner hold every request it sent, 1.4 GB
+    for 2 GB of them, in the relay for as long as the server lives. Requests are answered
+    in the order they come, and a server that does not read the answers is not read
+    either: 1 GB of requests leaves the runner's process at its usual size."""
+    flood = ["python3", "-c", _REQUEST_FLOOD]
+    profile = make_profile(server_image, workspace="none", command=flood)
+    pinned = pin(profile, listed(profile, None)["flood"])
+    measured = subprocess.run(
+        [sys.executable, "-c", _CALL_AND_MEASURE, json.dumps(pinned), project, runner_id],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert measured.returncode == 0, measured.stderr[-2000:]
+    report = json.loads(measured.stdout.strip().splitlines()[-1])
+    # The call does not end with the server's answer: the server stopped reading first.
+    assert report["outcome"] == "mcp_timeout", report
+    assert report["peak_mb"] < 250, report
+    assert _server_containers(engine, project) == []
