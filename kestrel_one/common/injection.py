@@ -85,11 +85,11 @@ def _has_hidden(text: str) -> bool:
     return not (text.isascii() and text.isprintable()) and any(is_hidden(c) for c in text)
 
 
-# What joins an emoji to the next or picks its presentation ("❤️", "👩‍💻"): hidden, and
+# What joins an emoji to the next or picks its presentation (U+200D, U+FE0E, U+FE0F): hidden, and
 # shown as [U+XXXX] where a person reviews a server's text, but after a character that is no
 # ASCII it is how emoji are written, not a sign of hiding, so it alone raises no flag. The
 # text it could split is still matched without it.
-_EMOJI_GLUE = frozenset("‍︎️")
+_EMOJI_GLUE = frozenset("\u200d\ufe0e\ufe0f")
 
 
 def _hides(text: str) -> bool:
@@ -118,11 +118,13 @@ def hidden_revealed(text: str) -> str:
     return "".join(f"[U+{ord(char):04X}]" if is_hidden(char) else char for char in text)
 
 
-def injection_flags(value: Any) -> list[str]:
-    """The names of the patterns found anywhere in the strings of ``value`` (sorted), and
-    ``hidden_characters`` where one holds a character a person cannot see."""
+def injection_flags(value: Any, *, max_chars: int = MAX_SCANNED_CHARS) -> list[str]:
+    """The names of the patterns found in the strings of ``value`` (sorted), keys and values
+    in order, up to ``max_chars`` characters in all, and ``hidden_characters`` where one holds
+    a character a person cannot see: a caller whose input can be larger (a runner's report)
+    passes its own bound, or what comes after the budget is unflagged."""
     found: set[str] = set()
-    budget = [MAX_SCANNED_CHARS]
+    budget = [max_chars]
 
     def scan(item: Any) -> None:
         if budget[0] <= 0:

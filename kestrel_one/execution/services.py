@@ -807,8 +807,17 @@ def _record_finished(action: Action, runner: Runner, report, token: str) -> str:
     result = json_storable(redact_result(result, known=known))
     error = json_storable(redact_result(report.error, known=known))
     state = ActionState.SUCCEEDED if report.outcome == "succeeded" else ActionState.FAILED
-    # Tool output is untrusted data: flagged for people, never read as an instruction.
-    output_flags = {f"output:{flag}" for flag in injection_flags(report.result or {})}
+    # Tool output is untrusted data: flagged for people, never read as an instruction. All of
+    # it: a result may hold more than the scan's default budget (an MCP server's content and
+    # its structured content), and an error quotes what the tool said (a server's JSON-RPC
+    # error, its stderr). The report was verified within KESTREL_MAX_REPORT_BYTES, so all it
+    # carries is within that many characters, and redacting it costs more than this scan.
+    output_flags = {
+        f"output:{flag}"
+        for flag in injection_flags(
+            [report.result, report.error], max_chars=settings.KESTREL_MAX_REPORT_BYTES
+        )
+    }
     moved = Action.objects.filter(
         Q(state__in=[ActionState.QUEUED, ActionState.RUNNING])
         | Q(state=ActionState.EXPIRED, error__code=COMMAND_EXPIRED[0]),
