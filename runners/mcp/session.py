@@ -290,20 +290,44 @@ class PerKindLimit(logging.Filter):
             return True
 
 
-class _StdioRecords(PerKindLimit):
-    """The SDK's stdio client logs each line of a server's stdout that is not JSON-RPC as
-    an error with its traceback, whose text quotes the line: whatever the server wrote, as
-    often as it writes. Its records keep the exception's type only, and a few per minute."""
+# One record of the SDK's, at most (what a server sent may be in it: a method's name, an id).
+MAX_SDK_RECORD_CHARS = 300
+
+
+class _SdkRecords(PerKindLimit):
+    """The SDK logs about what a server sent, as often as the server sends it: its stdio
+    client each line of stdout that is not JSON-RPC (an error with a traceback quoting the
+    line), its session each notification it cannot validate (a warning with a traceback
+    quoting the notification's values), its dispatcher each response to no request and each
+    method it does not know. Its records keep the exception's type only, at most
+    ``MAX_SDK_RECORD_CHARS`` characters, and a few of a kind per minute."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # Counted by the record's own kind (its format), before its text is rewritten.
+        if not super().filter(record):
+            return False
+        message = record_message(record)
         if record.exc_info and record.exc_info[0] is not None:
-            record.msg = f"{record_message(record)} ({record.exc_info[0].__name__})"
-            record.args = None
-            record.exc_info = record.exc_text = None
-        return super().filter(record)
+            message = f"{message} ({record.exc_info[0].__name__})"
+        if len(message) > MAX_SDK_RECORD_CHARS:
+            message = f"{message[:MAX_SDK_RECORD_CHARS]} [cut]"
+        record.msg, record.args = message, None
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
 
 
-logging.getLogger(stdio_client.__module__).addFilter(_StdioRecords())
+def _bound_sdk_records() -> None:
+    """Every logger of the SDK's modules loaded by now (the client, its session, stdio and
+    dispatchers: all this module imports) gets the filter; a logger's filter applies to its
+    own records only, not to those of the loggers below it. The SDK names its session's
+    logger ``client``."""
+    sdk_records = _SdkRecords()
+    for name in list(logging.Logger.manager.loggerDict):
+        if name in ("mcp", "client") or name.startswith("mcp."):
+            logging.getLogger(name).addFilter(sdk_records)
+
+
+_bound_sdk_records()
 
 
 class _EveryMethod(frozenset[str]):

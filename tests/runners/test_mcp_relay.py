@@ -17,12 +17,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
+import docker
 import pytest
 
 import runners
 from runners.mcp.relay import MAX_LOG_BYTES, MAX_RECORD_CHARS
 from runners.mcp.servers import DockerMcpServers
-from runners.mcp.session import RECORDS_PER_KIND, PerKindLimit
+from runners.mcp.session import RECORDS_PER_KIND, PerKindLimit, server_session
 from tests.runners.test_mcp_servers import (  # noqa: F401 - fixtures
     call,
     listed,
@@ -127,3 +129,83 @@ def test_the_sdks_parse_errors_are_logged_without_the_servers_text_and_a_few_a_m
         for record in records
     )
     assert secret not in caplog.text and "Traceback" not in caplog.text
+
+
+# A server (plain JSON-RPC) whose tool answers after notifications the client's SDK cannot
+# validate, and responses to requests nobody sent: what it says in them is MARKER's.
+_INVALID_MESSAGES = """
+import json, sys
+MARKER = sys.argv[1]
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
+TOOL = {"name": "noisy", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        version = message["params"]["protocolVersion"]
+        send({"jsonrpc": "2.0", "id": ident, "result": {"protocolVersion": version,
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "noisy", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})
+    elif method == "tools/call":
+        for n in range(300):
+            send({"jsonrpc": "2.0", "method": "notifications/message",
+                  "params": {"level": f"{MARKER}-{n}", "data": MARKER}})
+            send({"jsonrpc": "2.0", "method": "notifications/progress",
+                  "params": {"progressToken": [MARKER], "progress": MARKER}})
+            send({"jsonrpc": "2.0", "id": 10_000 + n, "result": {"said": MARKER}})
+        ok = {"content": [{"type": "text", "text": "ok"}]}
+        send({"jsonrpc": "2.0", "id": ident, "result": ok})
+    elif ident is not None:
+        send({"jsonrpc": "2.0", "id": ident, "result": {}})
+"""
+
+
+@pytest.mark.docker
+def test_what_a_server_sends_the_sdk_cannot_use_reaches_no_log_but_a_few_records(
+    server_image: str, engine: Any, project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Worker processes read servers through the SDK (a discovery, a throwaway call), in the
+    runner's own log. Its session logged every notification it could not validate as a
+    warning with a traceback that quotes what the server sent, as often as the server sent
+    one: 300 of them were 300 records, each a server's words. Every SDK logger a server's
+    messages reach keeps its records to the exception's type, a few of a kind a minute."""
+    for each in logging.Logger.manager.loggerDict.values():
+        for limit in getattr(each, "filters", ()):
+            if isinstance(limit, PerKindLimit):
+                limit.windows.clear()  # what earlier tests in this process logged
+    marker = f"kst_said_{uuid.uuid4().hex}"
+    command = ["python3", "-c", _INVALID_MESSAGES, marker]
+    profile = make_profile(server_image, workspace="none", command=command)
+    client = docker.from_env()
+
+    async def noisy_call() -> Any:
+        async with server_session(client, profile, labels={"project": project}, workspace=None) as (
+            session,
+            _init,
+            _container,
+        ):
+            result = await session.call_tool("noisy", {})
+            await session.send_ping()  # every message before the result has been handled
+            return result
+
+    try:
+        with caplog.at_level(logging.DEBUG):
+            result = anyio.run(noisy_call)
+    finally:
+        client.close()
+    assert result.content[0].text == "ok"
+    sdk = [
+        record
+        for record in caplog.records
+        if record.name == "client" or record.name.split(".")[0] == "mcp"
+    ]
+    kinds: dict[tuple[str, str], int] = {}
+    for record in sdk:
+        kind = (record.name, str(record.msg)[:100])
+        kinds[kind] = kinds.get(kind, 0) + 1
+        assert record.exc_info is None, record.getMessage()
+    assert all(count <= RECORDS_PER_KIND for count in kinds.values()), kinds
+    assert marker not in caplog.text
+    assert "Traceback" not in caplog.text
