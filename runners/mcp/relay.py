@@ -182,7 +182,11 @@ class Relay:
             else:
                 answer = {"error": {"code": "mcp_protocol_error", "message": "unknown op"}}
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                await stream.send(json.dumps(answer).encode() + b"\n")
+                # UTF-8, as the worker's bound counts it: as ASCII JSON a character outside
+                # the BMP is twelve bytes, and a bounded result would not fit the answer.
+                # (``json.loads`` reads bytes with surrogatepass, so a lone one travels.)
+                data = json.dumps(answer, ensure_ascii=False).encode("utf-8", "surrogatepass")
+                await stream.send(data + b"\n")
             if self.closing and not self.busy:
                 self.stop()
 

@@ -74,7 +74,10 @@ MCP_WARM_LABEL = f"{LABEL_PREFIX}mcp-warm"
 # a pid reused after that process died (or the host rebooted) names no one.
 MCP_OWNER_LABEL = f"{LABEL_PREFIX}mcp-owner"
 RELAY_PREFIX = "mcp-"
-# An answer: the bounded result (text up to MAX_OUTPUT_CHARS, JSON-escaped) and its frame.
+# An answer, UTF-8 JSON (runners.mcp.relay): the bounded result (text up to MAX_OUTPUT_CHARS
+# characters, each at most six bytes as JSON, a control character escaped; other blocks and
+# the structured content within MAX_OUTPUT_CHARS bytes each), an error's details (64 KiB)
+# and the frame.
 MAX_ANSWER_BYTES = 8 * MAX_OUTPUT_CHARS + 256 * 1024
 # Beyond the call's own timeout (which covers the list before it): the relay's own answer.
 ANSWER_GRACE_SECONDS = 30.0

@@ -1613,3 +1613,61 @@ def test_a_server_asking_the_client_faster_than_it_reads_the_answers_costs_the_r
     assert report["outcome"] == "mcp_timeout", report
     assert report["peak_mb"] < 250, report
     assert _server_containers(engine, project) == []
+
+
+# A server (plain JSON-RPC) whose tool answers with 300,000 characters outside the BMP, and
+# structured content of the same: text as any server may return it (emoji, CJK extensions).
+_WIDE_OUTPUT = """
+import json, sys
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
+TOOL = {"name": "wide", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        version = message["params"]["protocolVersion"]
+        send({"jsonrpc": "2.0", "id": ident, "result": {"protocolVersion": version,
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "wide", "version": "1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})
+    elif method == "tools/call":
+        wide = "\\U0001F600" * 300_000
+        result = {"content": [{"type": "text", "text": wide}],
+                  "structuredContent": {"text": wide[:60_000]}}
+        send({"jsonrpc": "2.0", "id": ident, "result": result})
+    elif ident is not None:
+        send({"jsonrpc": "2.0", "id": ident, "result": {}})
+"""
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_bounded_result_of_any_text_comes_back_from_a_warm_server(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+) -> None:
+    """The relay's answer carries the bounded result (MAX_OUTPUT_CHARS characters of text,
+    structured content within as many bytes) to the worker, which takes an answer up to
+    MAX_ANSWER_BYTES. The relay wrote it as ASCII JSON, where a character outside the BMP is
+    twelve bytes: a result within the bounds was refused as "answered too much", a call that
+    ran reported as a protocol error (it came back whole from a throwaway server)."""
+    profile = make_profile(server_image, workspace="none", command=["python3", "-c", _WIDE_OUTPUT])
+    pinned = pin(profile, listed(profile, None)["wide"])
+    for thread in ("thr_wide", None):  # a warm server's relay, then a throwaway server
+        answer = call(
+            servers,
+            pinned,
+            "wide",
+            {},
+            project=project,
+            thread=thread,
+            workspace=project_workspace,
+        )
+        assert answer["truncated"] is True
+        (block,) = answer["content"]
+        assert set(block["text"]) == {"\U0001f600"}
+        assert len(canonical_json(answer["content"])) <= 4 * MAX_OUTPUT_CHARS
+        assert answer["structured_content"] == {"text": "\U0001f600" * 60_000}
