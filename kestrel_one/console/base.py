@@ -12,14 +12,17 @@ when the class is created, so no page skips this.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any, ClassVar
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.views import View
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, missing_scope_message
+from kestrel_one.common.injection import hidden_revealed
 from kestrel_one.console.paging import capped_count
 from kestrel_one.console.sudo import sudo_fresh, sudo_redirect, sudo_seconds_left
 from kestrel_one.execution.approvals import ReauthenticationRequired
@@ -32,6 +35,26 @@ def session_principal(request: HttpRequest) -> Principal:
     return Principal(PrincipalKind.SESSION, user=request.user, reauthenticated=sudo_fresh(request))
 
 
+# A character of a page that a person may not see: anything but printable ASCII, tab and line
+# breaks. Only these are asked ``is_hidden`` (once each, cached): a page is mostly ASCII and
+# is read whole on every view.
+_MAYBE_HIDDEN = re.compile(r"[^\t\n\r\x20-\x7e]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _char_revealed(char: str) -> str:
+    return hidden_revealed(char)
+
+
+def page_revealed(html: str) -> str:
+    """``html`` with every character a person cannot see (``injection.is_hidden``: bidi
+    controls, zero-width and tag characters, variation selectors, ...) drawn as
+    ``[U+XXXX]``, exactly as ``injection.hidden_revealed`` draws it, wherever on the page it
+    came from. Applied to what Django rendered, after autoescaping: it only turns invisible
+    code points into ASCII that is no markup."""
+    return _MAYBE_HIDDEN.sub(lambda found: _char_revealed(found.group()), html)
+
+
 class ConsoleView(View):
     # HTTP method -> the scope the person must hold in the organization. A method with no
     # entry is refused (405), never allowed by default.
@@ -41,6 +64,18 @@ class ConsoleView(View):
     sudo_for: ClassVar[dict[str, str]] = {}
     # The navigation entry this page belongs to.
     section: ClassVar[str] = ""
+    # Whether this page shows what an agent asked, did or wrote to a person who decides on
+    # it (SURF-3): then every character of it that they could not see is drawn as
+    # [U+XXXX] (``page_revealed``), so that an argument reordered by a right-to-left
+    # override or split by a zero-width space reads as what would run. The whole page, not
+    # the values a template remembers to mark: a title, a reason or a tool's output shown
+    # tomorrow is covered too. Only what is drawn changes; what is stored and what the API
+    # returns keep the characters (with the ``hidden_characters`` flag beside them).
+    # Attribute values are drawn so too, so a form on such a page posts back only what is
+    # ASCII anyway (the approval forms post digests and ids; a changed one is refused, never
+    # decided); pages whose forms give text back to be saved (a policy editor) keep it as
+    # typed and do not set this.
+    reveals_hidden: ClassVar[bool] = False
 
     protected_methods = ("dispatch",)
 
@@ -112,16 +147,19 @@ class ConsoleView(View):
             "sudo_seconds_left": sudo_seconds_left(self.request),
         }
 
+    def drawn(self, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+        """``template`` rendered (as ``render`` does), hidden characters revealed on the pages
+        that ask for it (``reveals_hidden``)."""
+        html = render_to_string(template, context, self.request)
+        return HttpResponse(page_revealed(html) if self.reveals_hidden else html, status=status)
+
     def page(
         self, template: str, context: dict[str, Any] | None = None, *, status: int = 200
     ) -> HttpResponse:
-        return render(
-            self.request, template, {**self.console_context(), **(context or {})}, status=status
-        )
+        return self.drawn(template, {**self.console_context(), **(context or {})}, status=status)
 
     def page_error(self, status: int, title: str, message: str) -> HttpResponse:
-        return render(
-            self.request,
+        return self.drawn(
             "console/error.html",
             {**self.console_context(), "status": status, "title": title, "message": message},
             status=status,
