@@ -18,7 +18,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.http import Http404, HttpResponse, HttpResponseRedirect
-from django.shortcuts import render
 from django.urls import path
 from django.utils import timezone
 
@@ -188,6 +187,7 @@ class InboxView(ConsoleView):
     and the plans awaiting their acceptance."""
 
     section = "approvals"
+    reveals_hidden = True
 
     def get(self, request, org: str):
         actions = (
@@ -224,6 +224,8 @@ class InboxView(ConsoleView):
 
 class ActionPage(ConsoleView):
     """The action named in the URL, in a project the person may see (else a 404)."""
+
+    reveals_hidden = True
 
     def resolve_parents(self, **kwargs: Any) -> None:
         action = _action_queryset(self).filter(public_id=kwargs.get("act")).first()
@@ -270,8 +272,7 @@ class ActionView(ActionPage):
     def get(self, request, org: str, act: str):
         context = self.action_context()
         if request.headers.get("HX-Request") == "true":
-            return render(
-                request,
+            return self.drawn(
                 "console/approvals/_action_status.html",
                 {**context, "organization": self.organization},
             )
@@ -333,6 +334,8 @@ class ActionDecisionView(ActionPage):
 
 
 class PlanPage(ConsoleView):
+    reveals_hidden = True
+
     def resolve_parents(self, **kwargs: Any) -> None:
         plan = (
             plans_visible_to(principal=self.principal, organization=self.organization)

@@ -1,0 +1,201 @@
+"""Where a person decides on what an agent asked, they read exactly what would run: every
+character a browser draws as nothing or reorders (a right-to-left override, a zero-width
+space, a tag character) is shown as ``[U+XXXX]``, on every page that shows an agent's text
+to the person who approves, denies or accepts it. What is stored and what the API returns
+keep the raw characters, with the ``hidden_characters`` flag beside them."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from kestrel_one.common.injection import HIDDEN_CHARACTERS, hidden_revealed, is_hidden
+from kestrel_one.console import approvals, dashboard
+from kestrel_one.console.approvals import decision_binding
+from kestrel_one.console.base import page_revealed
+from kestrel_one.execution.models import Action
+from kestrel_one.execution.plans import plan_propose
+from kestrel_one.execution.services import action_request
+from kestrel_one.threads.services import thread_create
+
+pytestmark = pytest.mark.spec("SURF-3", "API-6", "POL-5")
+
+RLO, ZWSP, TAG_A = "\u202e", "\u200b", "\U000e0041"
+# What the approver would read as ``rm -rf ./build`` is ``rm -rf /`` and a reordered tail;
+# the path reads as ``docs/a.md`` but is not that file.
+ARGV = ["rm", "-rf", f"/{RLO}dliub/.", f"docs/a{ZWSP}.md", f"ok{TAG_A}"]
+REVEALED = ["/[U+202E]dliub/.", "docs/a[U+200B].md", "ok[U+E0041]"]
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def hidden_in(html: str) -> list[str]:
+    return sorted({f"U+{ord(char):04X}" for char in html if is_hidden(char)})
+
+
+def assert_revealed(html: str, *expected: str) -> None:
+    assert hidden_in(html) == [], "a character the person cannot see is drawn raw"
+    for shown in expected:
+        assert shown in html, shown
+
+
+@pytest.fixture
+def hidden(world):
+    """An agent's thread, action, result and plan, each with characters nobody can see."""
+    thread = thread_create(
+        actor=world.agent, project=world.project, title=f"tidy{ZWSP} docs", mode="agent"
+    )
+    action = action_request(
+        actor=world.agent, thread=thread, tool="shell.exec", args={"argv": ARGV}
+    )
+    assert action.state == "awaiting_approval", action.decision
+    ran = action_request(
+        actor=world.agent, thread=thread, tool="fs.read", args={"path": f"README{ZWSP}.md"}
+    )
+    Action.objects.filter(pk=ran.pk).update(state="succeeded", result={"content": f"all {RLO}enod"})
+    plan_thread = thread_create(
+        actor=world.agent, project=world.project, title=f"plan{RLO}", mode="plan"
+    )
+    plan = plan_propose(
+        actor=world.agent,
+        thread=plan_thread,
+        steps=[
+            {"tool": "shell.exec", "args": {"argv": ARGV}},
+            {"tool": "fs.write", "args": {"path": "src/a.py", "content": f"x = 1{RLO}"}},
+        ],
+    )
+    return {
+        "thread": thread,
+        "action": action,
+        "ran": ran,
+        "plan": plan,
+        "plan_thread": plan_thread,
+    }
+
+
+def test_what_is_stored_and_what_the_api_returns_keep_the_raw_characters(world, hidden):
+    action = hidden["action"]
+    action.refresh_from_db()
+    assert action.args["argv"] == ARGV
+    assert HIDDEN_CHARACTERS in action.flags
+    shown = (
+        world["member"]
+        .client()
+        .get(
+            f"/api/v1/orgs/acme/projects/{world.project.public_id}/threads/"
+            f"{hidden['thread'].public_id}/actions/{action.public_id}"
+        )
+    )
+    assert shown.status_code == 200, shown.content
+    assert shown.json()["args"]["argv"] == ARGV
+    assert HIDDEN_CHARACTERS in shown.json()["flags"]
+
+
+def test_the_action_page_shows_hidden_characters_revealed(world, hidden):
+    action = hidden["action"]
+    response = signed_in(world["member"].user).get(f"/console/acme/actions/{action.public_id}")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert RLO not in html and ZWSP not in html
+    assert_revealed(html, *REVEALED, "tidy[U+200B] docs")
+    assert "shown as [U+XXXX]" in html  # the page says how it draws them
+
+
+def test_the_action_status_fragment_shows_the_result_revealed(world, hidden):
+    ran = hidden["ran"]
+    response = signed_in(world["member"].user).get(
+        f"/console/acme/actions/{ran.public_id}", headers={"HX-Request": "true"}
+    )
+    assert response.status_code == 200
+    assert_revealed(response.content.decode(), "all [U+202E]enod")
+
+
+def test_the_approvals_queue_shows_hidden_characters_revealed(world, hidden):
+    html = signed_in(world["member"].user).get("/console/acme/approvals").content.decode()
+    assert hidden["action"].public_id in html and hidden["plan"].public_id in html
+    assert_revealed(html, "tidy[U+200B] docs", "plan[U+202E]")
+
+
+def test_the_plan_page_shows_every_step_revealed(world, hidden):
+    plan = hidden["plan"]
+    html = signed_in(world["member"].user).get(f"/console/acme/plans/{plan.public_id}")
+    html = html.content.decode()
+    assert RLO not in html
+    assert_revealed(html, *REVEALED, "x = 1[U+202E]", "plan[U+202E]", "shown as [U+XXXX]")
+
+
+def test_the_thread_timeline_and_its_poll_show_hidden_characters_revealed(world, hidden):
+    client = signed_in(world["member"].user)
+    for thread, expected in (
+        (hidden["thread"], [*REVEALED, "all [U+202E]enod", "README[U+200B].md"]),
+        (hidden["plan_thread"], [*REVEALED, "x = 1[U+202E]"]),
+    ):
+        url = f"/console/acme/projects/{world.project.public_id}/threads/{thread.public_id}"
+        assert_revealed(client.get(url).content.decode(), *expected)
+        poll = client.get(url + "/timeline?after=0", headers={"HX-Request": "true"})
+        assert poll.status_code == 200
+        assert_revealed(poll.content.decode(), *expected)
+
+
+def test_the_overview_and_the_project_page_show_titles_revealed(world, hidden):
+    client = signed_in(world["member"].user)
+    assert_revealed(client.get("/console/acme/").content.decode())
+    project = client.get(f"/console/acme/projects/{world.project.public_id}/").content.decode()
+    assert_revealed(project, "tidy[U+200B] docs", "plan[U+202E]")
+
+
+def test_a_refused_decision_shows_the_arguments_revealed_too(world, hidden):
+    """The page shown again after a refusal (here: the hidden-values tick missing, or a
+    changed binding) is the same page, drawn the same way."""
+    action = hidden["action"]
+    client = signed_in(world["member"].user)
+    refused = client.post(
+        f"/console/acme/actions/{action.public_id}/approve",
+        {**decision_binding(action), "digest": "0" * 64, "args_digest": "0" * 64},
+    )
+    assert refused.status_code == 409
+    assert_revealed(refused.content.decode(), *REVEALED)
+
+
+def test_approving_what_was_shown_revealed_binds_the_raw_arguments(world, hidden):
+    """Revealing changes only what is drawn: the form still posts the digest of the exact
+    arguments, and the call is approved with them."""
+    action = hidden["action"]
+    client = signed_in(world["member"].user)
+    approved = client.post(
+        f"/console/acme/actions/{action.public_id}/approve", decision_binding(action)
+    )
+    assert approved.status_code == 303, approved.content.decode()[:2000]
+    action.refresh_from_db()
+    assert action.state == "queued" and action.args["argv"] == ARGV
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain <b>ascii</b>\t\r\n &amp; more",
+        "launchpad \u203a \u201cbuild\u201d \u2014 \u00e9 \u00df \u6f22\u5b57",
+        f"rm -rf /{RLO}dliub/. a{ZWSP}b ok{TAG_A} \x00\x7f \ufe0f\u2066x\u2069 \u00ad",
+        "👩\u200d💻 \u2028 \U0010fffd",
+    ],
+)
+def test_a_page_is_revealed_as_hidden_revealed_reveals_a_string(text):
+    assert page_revealed(text) == hidden_revealed(text)
+    assert hidden_in(page_revealed(text)) == []
+    assert page_revealed(page_revealed(text)) == page_revealed(text)
+
+
+def test_every_approval_and_dashboard_page_reveals_hidden_characters():
+    """A page added to these modules shows an agent's text to the people who decide on it,
+    so it reveals, unless someone decides here that it need not."""
+    views = {
+        pattern.name: pattern.callback.view_class
+        for pattern in [*approvals.urlpatterns, *dashboard.urlpatterns]
+    }
+    # The artifact's bytes are the file itself, downloaded as an attachment, not a page.
+    not_pages = {"console_artifact_content"}
+    assert {name for name, view in views.items() if not view.reveals_hidden} <= not_pages
