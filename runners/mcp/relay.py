@@ -179,6 +179,11 @@ class Relay:
                 answer = await self._call(request, reader)
                 if answer is None:
                     return  # the worker is gone; so is the server
+                if self.closing and "retry" not in answer:
+                    # A server in an unknown state (the call timed out, or it broke the
+                    # protocol) ends before the worker hears of the call's end: a call
+                    # reported failed has no effect after it.
+                    await anyio.to_thread.run_sync(remove_container, self.client, self.container_id)
             else:
                 answer = {"error": {"code": "mcp_protocol_error", "message": "unknown op"}}
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):

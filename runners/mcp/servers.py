@@ -149,10 +149,11 @@ class DockerMcpServers:
             if relay is None:
                 break
             asked = time.monotonic()
+            serving = _relay_container(relay.parent)
+            answer = None
             try:
-                return _answer(
-                    _ask(relay, {**request, "timeout_s": left}, left + ANSWER_GRACE_SECONDS)
-                )
+                answer = _ask(relay, {**request, "timeout_s": left}, left + ANSWER_GRACE_SECONDS)
+                return _answer(answer)
             except _Retry:
                 left -= time.monotonic() - asked
                 if left <= 0:
@@ -160,12 +161,27 @@ class DockerMcpServers:
                         f"the call of {tool} did not end within its {timeout_s:g} s"
                     ) from None
                 continue
+            except McpError:
+                if answer is None:
+                    # Sent, and then the relay was lost or gave no answer in time: its server
+                    # may still be running the tool. It ends before the call is reported
+                    # failed, so a failed call has no effect after it. (An answer that is an
+                    # error came from a relay that has seen to its server.)
+                    self._end_relay(relay.parent, serving)
+                raise
             finally:
                 # The thread may have ended while the server started or the call ran (the
                 # notice reached another process): its server goes now, not when idle.
                 if self._ended(project, thread):
                     self.end_thread(project, thread)
         return self._call_once(pinned, tool, arguments, labels, call_id, workspace, left)
+
+    def _end_relay(self, directory: Path, serving: str) -> None:
+        """End the relay of ``directory`` and its container, if it is still the one whose
+        container is ``serving`` (another worker may have replaced it meanwhile)."""
+        with _flock(directory.parent / f"{directory.name}.lock", self.start_timeout + 30):
+            if serving and _relay_container(directory) == serving:
+                _kill_relay(directory)
 
     def _ended(self, project: str, thread: str) -> bool:
         if self.thread_ended is None:
@@ -493,16 +509,21 @@ def _relay_pid(directory: Path) -> int | None:
         return None
 
 
+def _relay_container(directory: Path) -> str:
+    """The id of the container the relay of ``directory`` serves ('' for none yet)."""
+    try:
+        return (directory / "container").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _kill_relay(directory: Path, client: Any | None = None) -> None:
     """End a relay that does not answer, its container and its directory."""
     pid = _relay_pid(directory)
     if pid is not None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    try:
-        container_id = (directory / "container").read_text().strip()
-    except OSError:
-        container_id = ""
+    container_id = _relay_container(directory)
     if container_id:
         own = client is None
         engine = client if client is not None else _client()
