@@ -93,9 +93,8 @@ _EMOJI_GLUE = frozenset("\u200d\ufe0e\ufe0f")
 
 
 def _hides(text: str) -> bool:
-    """Whether ``text`` holds a hidden character worth a flag."""
-    if not _has_hidden(text):
-        return False
+    """Whether ``text``, which holds a hidden character (``_has_hidden``), holds one worth a
+    flag."""
     return any(
         is_hidden(char) and not (char in _EMOJI_GLUE and at > 0 and not text[at - 1].isascii())
         for at, char in enumerate(text)

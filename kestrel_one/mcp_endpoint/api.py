@@ -14,7 +14,6 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.cache import caches
 from django.db.models import Q
 from django.http import HttpResponse
 from django.utils import timezone
@@ -23,7 +22,6 @@ from drf_spectacular.utils import extend_schema
 from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.throttling import SimpleRateThrottle
 
 from kestrel_one.accounts.models import AUDIENCE_MCP
 from kestrel_one.accounts.principal import missing_scope_message
@@ -31,6 +29,7 @@ from kestrel_one.api.base import ProjectScopedViewSet
 from kestrel_one.common.addresses import public_origin
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.common.jsontext import json_loads
+from kestrel_one.common.throttling import SharedRateThrottle
 from kestrel_one.governance.selectors import parse_mode
 from kestrel_one.mcp_endpoint import bridge
 from kestrel_one.mcp_endpoint.models import McpSession
@@ -53,7 +52,7 @@ class OriginRefused(KestrelError):
     code = "origin_refused"
 
 
-class McpRateThrottle(SimpleRateThrottle):
+class McpRateThrottle(SharedRateThrottle):
     """At most ``KESTREL_MCP_RATE`` requests per caller, counted in the shared cache (every
     web process sees the same count).
 
@@ -62,13 +61,7 @@ class McpRateThrottle(SimpleRateThrottle):
     """
 
     scope = "mcp"
-
-    def __init__(self):
-        self.cache = caches[settings.KESTREL_RATE_CACHE]
-        super().__init__()
-
-    def get_rate(self):
-        return settings.KESTREL_MCP_RATE
+    rate_setting = "KESTREL_MCP_RATE"
 
     def get_cache_key(self, request, view):
         principal = request.auth

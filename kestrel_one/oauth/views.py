@@ -7,7 +7,6 @@ import math
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
-from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils.decorators import method_decorator
@@ -18,10 +17,10 @@ from oauth2_provider.http import OAuth2ResponseRedirect
 from oauth2_provider.models import get_application_model
 from oauth2_provider.views.mixins import OAuthLibMixin
 from oauthlib.common import add_params_to_uri
-from rest_framework.throttling import SimpleRateThrottle
 
 from kestrel_one.accounts.scopes import SCOPES
 from kestrel_one.common.addresses import client_network, mcp_endpoint_url, public_origin
+from kestrel_one.common.throttling import SharedRateThrottle
 from kestrel_one.oauth import registration, services
 from kestrel_one.oauth.resources import resource_project
 from kestrel_one.oauth.services import REDIRECT_SCHEMES, S256_CHALLENGE
@@ -107,20 +106,14 @@ class RegisterView(View):
         return response
 
 
-class TokenRateThrottle(SimpleRateThrottle):
+class TokenRateThrottle(SharedRateThrottle):
     """At most ``KESTREL_OAUTH_TOKEN_RATE`` requests to ``/oauth/token`` and ``/oauth/revoke``
     from one address (an IPv6 client as its /64), counted in the shared cache. Counted per
     address, not per client: a client id is public, so counting by it would let anyone lock
     a client out."""
 
     scope = "oauth-token"
-
-    def __init__(self):
-        self.cache = caches[settings.KESTREL_RATE_CACHE]
-        super().__init__()
-
-    def get_rate(self):
-        return settings.KESTREL_OAUTH_TOKEN_RATE
+    rate_setting = "KESTREL_OAUTH_TOKEN_RATE"
 
     def get_cache_key(self, request, view):
         network = client_network(request.META.get("REMOTE_ADDR")) or "unknown"

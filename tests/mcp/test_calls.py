@@ -527,15 +527,15 @@ def runner_key() -> bytes:
     return generate_private_key_pem()
 
 
-def failed_report(action, runner, key, error: dict) -> str:
+def finished_report(action, runner, key, *, outcome: str, result, error) -> str:
     return sign_result(
         {
             "call_id": action.public_id,
             "command_digest": action.command_digest,
             "attempt": 1,
             "event": "finished",
-            "outcome": "failed",
-            "result": None,
+            "outcome": outcome,
+            "result": result,
             "error": error,
             "sandbox": "docker",
             "started_at": "2026-12-01T12:00:00Z",
@@ -544,6 +544,10 @@ def failed_report(action, runner, key, error: dict) -> str:
         key,
         runner.public_id,
     )
+
+
+def failed_report(action, runner, key, error: dict) -> str:
+    return finished_report(action, runner, key, outcome="failed", result=None, error=error)
 
 
 @pytest.mark.spec("MCP-5")
@@ -698,25 +702,6 @@ def test_mcp_output_with_injection_text_is_flagged_and_grants_nothing(mcp, runne
     assert set(McpTool.objects.filter(server=mcp.server).values_list("state", flat=True)) == {
         McpTool.State.ENABLED
     }
-
-
-def finished_report(action, runner, key, *, outcome: str, result, error) -> str:
-    return sign_result(
-        {
-            "call_id": action.public_id,
-            "command_digest": action.command_digest,
-            "attempt": 1,
-            "event": "finished",
-            "outcome": outcome,
-            "result": result,
-            "error": error,
-            "sandbox": "docker",
-            "started_at": "2026-12-01T12:00:00Z",
-            "finished_at": "2026-12-01T12:00:01Z",
-        },
-        key,
-        runner.public_id,
-    )
 
 
 @pytest.mark.spec("MCP-5", "API-6")

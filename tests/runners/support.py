@@ -60,3 +60,34 @@ def worker_environment(config: RunnerConfig) -> dict[str, str]:
     if "DOCKER_HOST" in os.environ:
         env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
     return env
+
+
+def plain_mcp_server(name: str, on_call: str, *, setup: str = "") -> str:
+    """The Python source of an MCP server written with no SDK (plain JSON-RPC on stdio), for
+    the tests that need a server to misbehave in ways the SDK would not let it: one tool
+    ``name``, the 2025-11-25 handshake, ``{}`` for any other request, and ``on_call`` (code
+    run for ``tools/call``, with ``send``, ``message`` and ``ident`` at hand, indented by 8
+    spaces) after ``setup`` (module-level lines, such as ``MARKER = sys.argv[1]``)."""
+    tool = {"name": name, "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
+    info = {"name": name, "version": "1"}
+    return f"""
+import json, sys, time
+{setup}
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
+TOOL = {tool!r}
+INFO = {info!r}
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        version = message["params"]["protocolVersion"]
+        send({{"jsonrpc": "2.0", "id": ident, "result": {{"protocolVersion": version,
+              "capabilities": {{"tools": {{}}}}, "serverInfo": INFO}}}})
+    elif method == "tools/list":
+        send({{"jsonrpc": "2.0", "id": ident, "result": {{"tools": [TOOL]}}}})
+    elif method == "tools/call":
+{on_call}
+    elif ident is not None:
+        send({{"jsonrpc": "2.0", "id": ident, "result": {{}}}})
+"""

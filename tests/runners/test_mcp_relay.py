@@ -25,6 +25,7 @@ import runners
 from runners.mcp.relay import MAX_LOG_BYTES, MAX_RECORD_CHARS
 from runners.mcp.servers import DockerMcpServers
 from runners.mcp.session import RECORDS_PER_KIND, PerKindLimit, server_session
+from tests.runners.support import plain_mcp_server
 from tests.runners.test_mcp_servers import (  # noqa: F401 - fixtures
     call,
     listed,
@@ -133,22 +134,9 @@ def test_the_sdks_parse_errors_are_logged_without_the_servers_text_and_a_few_a_m
 
 # A server (plain JSON-RPC) whose tool answers after notifications the client's SDK cannot
 # validate, and responses to requests nobody sent: what it says in them is MARKER's.
-_INVALID_MESSAGES = """
-import json, sys
-MARKER = sys.argv[1]
-def send(message):
-    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
-TOOL = {"name": "noisy", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
-for line in sys.stdin:
-    message = json.loads(line)
-    method, ident = message.get("method"), message.get("id")
-    if method == "initialize":
-        version = message["params"]["protocolVersion"]
-        send({"jsonrpc": "2.0", "id": ident, "result": {"protocolVersion": version,
-              "capabilities": {"tools": {}}, "serverInfo": {"name": "noisy", "version": "1"}}})
-    elif method == "tools/list":
-        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})
-    elif method == "tools/call":
+_INVALID_MESSAGES = plain_mcp_server(
+    "noisy",
+    """\
         for n in range(300):
             send({"jsonrpc": "2.0", "method": "notifications/message",
                   "params": {"level": f"{MARKER}-{n}", "data": MARKER}})
@@ -156,10 +144,9 @@ for line in sys.stdin:
                   "params": {"progressToken": [MARKER], "progress": MARKER}})
             send({"jsonrpc": "2.0", "id": 10_000 + n, "result": {"said": MARKER}})
         ok = {"content": [{"type": "text", "text": "ok"}]}
-        send({"jsonrpc": "2.0", "id": ident, "result": ok})
-    elif ident is not None:
-        send({"jsonrpc": "2.0", "id": ident, "result": {}})
-"""
+        send({"jsonrpc": "2.0", "id": ident, "result": ok})""",
+    setup="MARKER = sys.argv[1]",
+)
 
 
 @pytest.mark.docker

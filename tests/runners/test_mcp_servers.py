@@ -79,7 +79,7 @@ from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.tools.mcp import McpUnavailable
 from runners.workspace import workspace_for
-from tests.runners.support import runner_config
+from tests.runners.support import plain_mcp_server, runner_config
 from tests.runners.test_protocol import CONTROL_KEY, CONTROL_PUBLIC, POOL, command_claims
 
 pytestmark = [pytest.mark.docker]
@@ -1645,21 +1645,9 @@ def test_a_line_longer_than_the_bound_ends_the_session_at_once(
 # client (2 GB), each with an id and params of 200 KB, and never reads its stdin again: the
 # client's answers (the id echoed) fill the pipe at once. Only then, if it is still being
 # read, the call's result.
-_REQUEST_FLOOD = """
-import json, sys, time
-def send(message):
-    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
-TOOL = {"name": "flood", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
-for line in sys.stdin:
-    message = json.loads(line)
-    method, ident = message.get("method"), message.get("id")
-    if method == "initialize":
-        version = message["params"]["protocolVersion"]
-        send({"jsonrpc": "2.0", "id": ident, "result": {"protocolVersion": version,
-              "capabilities": {"tools": {}}, "serverInfo": {"name": "flood", "version": "1"}}})
-    elif method == "tools/list":
-        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})
-    elif method == "tools/call":
+_REQUEST_FLOOD = plain_mcp_server(
+    "flood",
+    """\
         pad = "p" * 200_000
         for n in range(5000):
             asked = ("ping", "roots/list", "sampling/createMessage", "x-kestrel/any")[n % 4]
@@ -1667,8 +1655,8 @@ for line in sys.stdin:
                   "params": {"_meta": {"pad": pad}}})
         done = {"content": [{"type": "text", "text": "done"}]}
         send({"jsonrpc": "2.0", "id": ident, "result": done})
-        time.sleep(600)
-"""
+        time.sleep(600)""",
+)
 _CALL_AND_MEASURE = """
 import json, resource, sys, uuid
 from pathlib import Path
@@ -1720,28 +1708,14 @@ def test_a_server_asking_the_client_faster_than_it_reads_the_answers_costs_the_r
 
 # A server (plain JSON-RPC) whose tool answers with 300,000 characters outside the BMP, and
 # structured content of the same: text as any server may return it (emoji, CJK extensions).
-_WIDE_OUTPUT = """
-import json, sys
-def send(message):
-    sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
-TOOL = {"name": "wide", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
-for line in sys.stdin:
-    message = json.loads(line)
-    method, ident = message.get("method"), message.get("id")
-    if method == "initialize":
-        version = message["params"]["protocolVersion"]
-        send({"jsonrpc": "2.0", "id": ident, "result": {"protocolVersion": version,
-              "capabilities": {"tools": {}}, "serverInfo": {"name": "wide", "version": "1"}}})
-    elif method == "tools/list":
-        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})
-    elif method == "tools/call":
+_WIDE_OUTPUT = plain_mcp_server(
+    "wide",
+    """\
         wide = "\\U0001F600" * 300_000
         result = {"content": [{"type": "text", "text": wide}],
                   "structuredContent": {"text": wide[:60_000]}}
-        send({"jsonrpc": "2.0", "id": ident, "result": result})
-    elif ident is not None:
-        send({"jsonrpc": "2.0", "id": ident, "result": {}})
-"""
+        send({"jsonrpc": "2.0", "id": ident, "result": result})""",
+)
 
 
 @pytest.mark.spec("MCP-5")
