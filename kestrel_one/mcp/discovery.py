@@ -13,8 +13,10 @@ is a diff against the record: the same digest is unchanged; a different one is *
 (the listed definition pending, the tool disabled until an admin reviews it: a changed
 description is how tool poisoning arrives); a tool listed for the first time is *new*
 (pending too); one no longer listed is *removed* (forgotten if it was new or unusable, never
-callable as recorded). Descriptions and schemas are untrusted text: flagged with the
-injection patterns (``kestrel_one.common.injection``), shown, never followed. A failed first
+callable as recorded, unless an admin marked it dangerous: then it is kept with the marking,
+and listed again it is recorded again as any tool listed after install). Descriptions and
+schemas are untrusted text: flagged with the injection patterns
+(``kestrel_one.common.injection``), shown, never followed. A failed first
 discovery fails the server; a failed refresh of the same image keeps the recorded tools and
 the server ready, with the error shown.
 
@@ -298,6 +300,8 @@ def _observe_existing(tool: McpTool, listed, now) -> str | None:
             return None
         tool.state = McpTool.State.REMOVED
         return "removed"
+    if tool.state == McpTool.State.REMOVED and _never_callable(tool):
+        return _relisted(tool, listed, now)
     definition, sha, flags, reason = _definition(listed)
     if tool.state == McpTool.State.UNUSABLE:
         if reason is None and sha != tool.definition_sha256:
@@ -333,6 +337,22 @@ def _observe_existing(tool: McpTool, listed, now) -> str | None:
     return "changed"
 
 
+def _never_callable(tool: McpTool) -> bool:
+    """Whether ``tool`` was never recorded callable: listed after install and never accepted
+    (no recorded digest), or recorded unusable."""
+    return not tool.definition_sha256 or bool(tool.unusable_reason)
+
+
+def _relisted(tool: McpTool, listed, now) -> str:
+    """``tool``, never recorded callable and kept (removed) for its admin's marking, listed
+    again: recorded again as any tool listed after install (unusable, or new and pending),
+    with its marking. What it was recorded as before is no review anyone made."""
+    fresh, change = _record_new(tool.server, tool.name, listed, now, first=False)
+    for field in _RECORDED_FIELDS:
+        setattr(tool, field, getattr(fresh, field))
+    return change
+
+
 def _pending(tool: McpTool, definition: dict, sha: str, flags, reason: str | None, now) -> None:
     """Set ``tool``'s pending definition (not saved). An unusable one keeps its reason, which
     accepting it records (a definition over the bounds is stored by name only, so the reason
@@ -352,6 +372,9 @@ _UPDATED_FIELDS = [
     "pending_seen_at",
     "pending_unusable_reason",
 ]
+# What a discovery records of a tool (``_record_new``): all of it but the admin's marking
+# and review, which are a person's and stay with the tool's name.
+_RECORDED_FIELDS = ["definition", "definition_sha256", "flags", "recorded_at", *_UPDATED_FIELDS]
 
 
 def tools_observe(
@@ -375,11 +398,18 @@ def tools_observe(
             created.append(new)
             changes[name] = change
             continue
-        if listed is None and tool.state in (McpTool.State.NEW, McpTool.State.UNUSABLE):
+        if (
+            listed is None
+            and tool.state in (McpTool.State.NEW, McpTool.State.UNUSABLE)
+            and not tool.marked_dangerous
+        ):
             # Not callable as recorded (never accepted, or unusable), and no longer listed:
             # forgotten (the discovery's summary names it), or a server listing new names at
             # each refresh would grow its recorded tools without bound. Listed again, it is
             # recorded again as any tool listed after install: unusable, or new (pending).
+            # One an admin marked dangerous is kept, removed: the marking is a person's
+            # decision, and the tool must not come back less guarded than they left it (the
+            # kept ones are bounded by what admins marked, not by what the server lists).
             dropped.append(tool.pk)
             changes[name] = "removed"
             continue
@@ -390,7 +420,7 @@ def tools_observe(
     if created:
         McpTool.objects.bulk_create(created)
     if updated:
-        McpTool.objects.bulk_update(updated, _UPDATED_FIELDS)
+        McpTool.objects.bulk_update(updated, _RECORDED_FIELDS)
     if dropped:
         McpTool.objects.filter(pk__in=dropped).delete()
     return changes

@@ -28,7 +28,7 @@ from kestrel_one.mcp.discovery import (
     tools_observe,
 )
 from kestrel_one.mcp.models import McpDiscovery, McpRiskAcceptance, McpServer, McpTool
-from kestrel_one.mcp.services import mcp_tool_review
+from kestrel_one.mcp.services import mcp_tool_mark, mcp_tool_review
 from kestrel_one.mcp.tasks import mcp_discovered
 from runners.contract.mcp import DEFAULT_LIMITS, MANAGED_SERVERS, tool_definition_digest
 from runners.contract.mcp_discovery import sign_discovery_report, verify_discovery_request
@@ -488,6 +488,48 @@ def test_an_unusable_tool_no_longer_listed_is_forgotten(
     assert again.state == McpTool.State.UNUSABLE and "not a valid JSON Schema" in (
         again.unusable_reason
     )
+
+
+@pytest.mark.spec("POL-8")
+def test_an_admins_dangerous_mark_outlives_a_tool_that_goes_and_comes_back(
+    world, started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """A new or unusable tool no longer listed was forgotten, and the admin's dangerous
+    marking with it: listed again it was a fresh row, unmarked, and once accepted a tool that
+    says readOnlyHint was callable without the policy's dangerous opt-in the admin had asked
+    for. A marked tool is kept (removed, still marked); listed again it is recorded again as
+    any tool listed after install (new, or unusable), and its marking holds."""
+    server, discovery, _ = started
+    discovery_ingest(report(discovery, runner, runner_key, tools=[ECHO]))
+    capture = django_capture_on_commit_callbacks
+    reads = {"name": "reads", "inputSchema": {"type": "object"}}
+    reads["annotations"] = {"readOnlyHint": True}
+    refresh(server, runner, runner_key, sent, capture, [ECHO, reads, BAD_SCHEMA])
+    person = Principal(PrincipalKind.TOKEN, user=world["admin"].user, token=world["admin"].token)
+    for name in ("reads", "bad_schema"):
+        mcp_tool_mark(actor=person, tool=server.tools.get(name=name), dangerous=True)
+
+    gone = refresh(server, runner, runner_key, sent, capture, [ECHO])
+    assert gone.summary["removed"] == ["bad_schema", "reads"]
+    for name in ("reads", "bad_schema"):
+        kept = server.tools.get(name=name)
+        assert (kept.state, kept.marked_dangerous) == (McpTool.State.REMOVED, True), name
+
+    back = refresh(server, runner, runner_key, sent, capture, [ECHO, reads, BAD_SCHEMA])
+    assert back.summary["added"] == ["reads"] and back.summary["unusable"] == ["bad_schema"]
+    again = server.tools.get(name="reads")
+    assert again.state == McpTool.State.NEW and again.definition_sha256 == ""
+    assert again.pending_sha256 == tool_definition_digest(reads)
+    unusable = server.tools.get(name="bad_schema")
+    assert unusable.state == McpTool.State.UNUSABLE and unusable.marked_dangerous
+    accepted = mcp_tool_review(actor=person, tool=again, accept=True, sha256=again.pending_sha256)
+    assert accepted.state == McpTool.State.ENABLED and accepted.annotations["readOnlyHint"]
+    assert accepted.marked_dangerous and accepted.dangerous
+
+    # Unmarked, a tool never callable as recorded is forgotten when it goes, as before.
+    mcp_tool_mark(actor=person, tool=unusable, dangerous=False)
+    refresh(server, runner, runner_key, sent, capture, [ECHO, reads])
+    assert not server.tools.filter(name="bad_schema").exists()
 
 
 @pytest.mark.spec("MCP-5", "POL-5")
