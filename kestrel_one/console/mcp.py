@@ -225,6 +225,9 @@ def tool_view(tool: McpTool) -> dict[str, Any]:
     """What the page shows of one recorded tool, and of its pending definition. Everything
     the server wrote (name, title, description, schemas, annotations) is ``_shown``."""
     definition = tool.definition or {}
+    # The API's body of the tool: its flags (read from the text now) and the fields that
+    # differ are the API's, computed once.
+    body = tool_body(tool)
     pending = None
     if tool.pending_definition is not None:
         new = tool.pending_definition
@@ -233,17 +236,18 @@ def tool_view(tool: McpTool) -> dict[str, Any]:
             "pretty": _shown(_pretty(new)),
             "description": _shown(new.get("description", "")),
             "sha256": tool.pending_sha256,
-            "flags": tool.pending_flags,
+            "flags": body["pending"]["flags"],
             "seen_at": tool.pending_seen_at,
             "diff": [
                 DiffLine(line.kind, _shown(line.text))
                 for line in policy_diff(definition or None, new)
             ],
             # The definition fields that differ (the API's ``pending.diff``).
-            "fields": sorted(tool_body(tool)["pending"]["diff"]),
+            "fields": sorted(body["pending"]["diff"]),
         }
     return {
         "tool": tool,
+        "flags": body["flags"],
         "name": _shown(tool.name),
         "title": _shown(definition.get("title", "")),
         "description": _shown(definition.get("description", "")),

@@ -41,7 +41,6 @@ from kestrel_one.accounts.principal import runner_principal, system_principal
 from kestrel_one.audit.services import audit_record
 from kestrel_one.celery import app
 from kestrel_one.common.broker import broker_status
-from kestrel_one.common.injection import injection_flags
 from kestrel_one.common.storable import json_storable, utf8_encodable
 from kestrel_one.execution.control import mcp_risk_end_notice
 from kestrel_one.execution.enrollment import call_pool_for
@@ -232,9 +231,9 @@ def reference_outside(schema: Any) -> str | None:
     return None
 
 
-def _definition(listed: Mapping[str, Any]) -> tuple[dict, str, list[str], str | None]:
-    """(definition, digest, flags, unusable reason) of a listed tool: what is stored is
-    storable JSON; an unusable definition over the bounds is kept by name only."""
+def _definition(listed: Mapping[str, Any]) -> tuple[dict, str, str | None]:
+    """(definition, digest, unusable reason) of a listed tool: what is stored is storable
+    JSON; an unusable definition over the bounds is kept by name only."""
     reason = tool_unusable_reason(listed)
     try:
         definition = json_storable(utf8_encodable(tool_definition(listed)))
@@ -244,18 +243,17 @@ def _definition(listed: Mapping[str, Any]) -> tuple[dict, str, list[str], str | 
     if reason is not None and (not definition or "over" in reason):
         name = listed.get("name")
         definition = {"name": name if isinstance(name, str) else ""}
-    return definition, sha, injection_flags(definition), reason
+    return definition, sha, reason
 
 
 def _record_new(server, name: str, listed, now, *, first: bool) -> tuple[McpTool, str]:
-    definition, sha, flags, reason = _definition(listed)
+    definition, sha, reason = _definition(listed)
     if reason is not None:
         tool = McpTool(
             server=server,
             name=name,
             definition=definition,
             definition_sha256=sha,
-            flags=flags,
             state=McpTool.State.UNUSABLE,
             unusable_reason=reason[:500],
             recorded_at=now,
@@ -268,7 +266,6 @@ def _record_new(server, name: str, listed, now, *, first: bool) -> tuple[McpTool
                 name=name,
                 definition=definition,
                 definition_sha256=sha,
-                flags=flags,
                 state=McpTool.State.ENABLED,
                 recorded_at=now,
             ),
@@ -284,7 +281,6 @@ def _record_new(server, name: str, listed, now, *, first: bool) -> tuple[McpTool
             state=McpTool.State.NEW,
             pending_definition=definition,
             pending_sha256=sha,
-            pending_flags=flags,
             pending_seen_at=now,
             recorded_at=now,
         ),
@@ -302,25 +298,24 @@ def _observe_existing(tool: McpTool, listed, now) -> str | None:
         return "removed"
     if tool.state == McpTool.State.REMOVED and _never_callable(tool):
         return _relisted(tool, listed, now)
-    definition, sha, flags, reason = _definition(listed)
+    definition, sha, reason = _definition(listed)
     if tool.state == McpTool.State.UNUSABLE:
         if reason is None and sha != tool.definition_sha256:
             # Usable now: a definition nobody reviewed, so it waits like a new tool.
             tool.state = McpTool.State.NEW
             tool.unusable_reason = ""
-            _pending(tool, definition, sha, flags, reason, now)
+            _pending(tool, definition, sha, reason, now)
             return "changed"
         return None
     if tool.state == McpTool.State.NEW:
         if sha == tool.pending_sha256:
             return None
-        _pending(tool, definition, sha, flags, reason, now)
+        _pending(tool, definition, sha, reason, now)
         return "changed"
     if tool.definition_sha256 and sha == tool.definition_sha256:
         if tool.state == McpTool.State.ENABLED:
             return None
-        tool.pending_definition, tool.pending_sha256 = None, ""
-        tool.pending_flags, tool.pending_seen_at = [], None
+        tool.pending_definition, tool.pending_sha256, tool.pending_seen_at = None, "", None
         tool.pending_unusable_reason = ""
         if tool.unusable_reason:
             # Recorded unusable, then no longer listed (removed): listed again as it was, it
@@ -333,7 +328,7 @@ def _observe_existing(tool: McpTool, listed, now) -> str | None:
     if tool.state == McpTool.State.CHANGED and sha == tool.pending_sha256:
         return None
     tool.state = McpTool.State.CHANGED
-    _pending(tool, definition, sha, flags, reason, now)
+    _pending(tool, definition, sha, reason, now)
     return "changed"
 
 
@@ -353,12 +348,11 @@ def _relisted(tool: McpTool, listed, now) -> str:
     return change
 
 
-def _pending(tool: McpTool, definition: dict, sha: str, flags, reason: str | None, now) -> None:
+def _pending(tool: McpTool, definition: dict, sha: str, reason: str | None, now) -> None:
     """Set ``tool``'s pending definition (not saved). An unusable one keeps its reason, which
     accepting it records (a definition over the bounds is stored by name only, so the reason
-    could not be found again from what is stored), and a flag that names it for the admin."""
+    could not be found again from what is stored) and its flags name for the admin."""
     tool.pending_definition, tool.pending_sha256 = definition, sha
-    tool.pending_flags = flags + ([f"unusable: {reason[:200]}"] if reason else [])
     tool.pending_unusable_reason = (reason or "")[:500]
     tool.pending_seen_at = now
 
@@ -368,13 +362,12 @@ _UPDATED_FIELDS = [
     "unusable_reason",
     "pending_definition",
     "pending_sha256",
-    "pending_flags",
     "pending_seen_at",
     "pending_unusable_reason",
 ]
 # What a discovery records of a tool (``_record_new``): all of it but the admin's marking
 # and review, which are a person's and stay with the tool's name.
-_RECORDED_FIELDS = ["definition", "definition_sha256", "flags", "recorded_at", *_UPDATED_FIELDS]
+_RECORDED_FIELDS = ["definition", "definition_sha256", "recorded_at", *_UPDATED_FIELDS]
 
 
 def tools_observe(

@@ -16,6 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from kestrel_one.common.ids import PublicIdField
+from kestrel_one.common.injection import injection_flags
 
 
 class McpServerQuerySet(models.QuerySet):
@@ -135,9 +136,6 @@ class McpTool(models.Model):
     # The recorded definition (runners.contract.mcp.tool_definition) and its digest.
     definition = models.JSONField(default=dict)
     definition_sha256 = models.CharField(max_length=64)
-    # The injection patterns found in its description and schema (kestrel_one.common.injection).
-    # Descriptions are untrusted text: shown to admins with these flags, never followed.
-    flags = models.JSONField(default=list)
     state = models.CharField(max_length=10, choices=State.choices, default=State.ENABLED)
     # Why it is unusable, when it is.
     unusable_reason = models.CharField(max_length=500, blank=True)
@@ -147,7 +145,6 @@ class McpTool(models.Model):
     # A changed (or new) definition awaiting review, as the server now lists it.
     pending_definition = models.JSONField(null=True, blank=True)
     pending_sha256 = models.CharField(max_length=64, blank=True)
-    pending_flags = models.JSONField(default=list)
     pending_seen_at = models.DateTimeField(null=True, blank=True)
     # Why the pending definition cannot be called, when it cannot (as for ``unusable_reason``):
     # one over the size bounds is stored by name only, so the reason cannot be found again from
@@ -177,6 +174,24 @@ class McpTool(models.Model):
     def input_schema(self) -> dict:
         value = self.definition.get("inputSchema")
         return value if isinstance(value, dict) else {"type": "object"}
+
+    @property
+    def flags(self) -> list[str]:
+        """The injection patterns its recorded definition matches (``injection_flags``).
+        Read from the text each time, never stored: a tool recorded before a pattern (or the
+        hidden-character flag) existed is flagged as every other. Descriptions and schemas
+        are untrusted text: shown to admins with these flags, never followed (POL-5)."""
+        return injection_flags(self.definition)
+
+    @property
+    def pending_flags(self) -> list[str]:
+        """As ``flags``, for the pending definition; one that cannot be called says why."""
+        if self.pending_definition is None:
+            return []
+        reason = self.pending_unusable_reason
+        return injection_flags(self.pending_definition) + (
+            [f"unusable: {reason[:200]}"] if reason else []
+        )
 
     @property
     def dangerous(self) -> bool:

@@ -111,14 +111,14 @@ def _diff(recorded: dict, pending: dict) -> dict:
 
 def tool_body(tool: McpTool) -> dict:
     """A recorded tool as admins review it. Its description is untrusted text, shown with
-    the injection flags found in it, never followed."""
+    the injection flags its text matches now (``McpTool.flags``), never followed."""
     definition = tool.definition or {}
     pending = None
     if tool.pending_definition is not None:
         pending = {
             "definition": tool.pending_definition,
             "sha256": tool.pending_sha256,
-            "flags": list(tool.pending_flags),
+            "flags": tool.pending_flags,
             "unusable_reason": tool.pending_unusable_reason or None,
             "seen_at": tool.pending_seen_at,
             "diff": _diff(definition, tool.pending_definition),
@@ -133,7 +133,7 @@ def tool_body(tool: McpTool) -> dict:
         "marked_dangerous": tool.marked_dangerous,
         "state": tool.state,
         "unusable_reason": tool.unusable_reason or None,
-        "flags": list(tool.flags),
+        "flags": tool.flags,
         "definition_sha256": tool.definition_sha256,
         "pending": pending,
     }
@@ -203,7 +203,7 @@ def inventory_tools_of(organization) -> QuerySet[McpTool]:
             server__organization=organization, server__state__in=_LISTED_SERVER_STATES
         )
         .select_related("server", "server__environment")
-        .defer("pending_definition", "pending_flags")
+        .defer("pending_definition")
         .annotate(
             inventory_key=Concat("server__public_id", Value(":"), "name", output_field=CharField())
         )

@@ -616,10 +616,8 @@ def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = N
     if accept:
         tool.definition = tool.pending_definition
         tool.definition_sha256 = tool.pending_sha256
-        tool.flags = list(tool.pending_flags)
         tool.pending_definition = None
         tool.pending_sha256 = ""
-        tool.pending_flags = []
         tool.pending_seen_at = None
         tool.recorded_at = now
         tool.unusable_reason = tool.pending_unusable_reason or (

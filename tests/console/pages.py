@@ -644,7 +644,6 @@ def mcp_server_in(organization, environment, *, name: str = "notes"):
         state="changed",
         pending_definition=changed,
         pending_sha256=tool_definition_digest(changed),
-        pending_flags=["ignore_instructions"],
         pending_seen_at=timezone.now(),
     )
     risk = McpRiskAcceptance.objects.create(

@@ -19,7 +19,6 @@ def test_an_admin_reads_a_server_and_accepts_a_reviewed_tool(world, browser_page
     server, _risk = mcp_server_in(world.org, world.environment)
     echo = server.tools.get(name="echo")
     echo.definition = {**echo.definition, "description": POISON}
-    echo.flags = ["exfiltration", "ignore_instructions"]
     echo.save()
     page = browser_page.page
     sign_in(browser_page, world["admin"].user, next_path="/console/acme/mcp-servers")

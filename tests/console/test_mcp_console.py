@@ -65,7 +65,6 @@ def server(world):
     tool = made.tools.get(name="echo")
     # The recorded echo tool's description is the server's own text: a poisoning attempt.
     tool.definition = {**tool.definition, "description": POISON}
-    tool.flags = ["exfiltration", "ignore_instructions"]
     tool.save()
     return made
 
@@ -514,14 +513,12 @@ def test_a_description_hiding_text_is_flagged_and_shown_character_by_character(w
     recorded one, its instruction written in tag characters (and a bidi override in the
     title). The reviewer must see that there is more text than shows, and the flags must
     name what the hidden text says."""
-    from kestrel_one.common.injection import injection_flags
     from runners.contract.mcp import tool_definition_digest
 
     tool = server.tools.get(name="poisoned")
     new = {**tool.definition, "title": "Sum \u202eevil", "description": HIDDEN}
     tool.pending_definition = new
     tool.pending_sha256 = tool_definition_digest(new)
-    tool.pending_flags = injection_flags(new)
     tool.save()
 
     html = _client(world["admin"].user).get(_page(world, server)).content.decode()
