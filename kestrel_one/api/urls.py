@@ -229,13 +229,14 @@ urlpatterns = [
         f"{MCP}/refresh", McpServerViewSet.as_view({"post": "refresh"}), name="mcp-server-refresh"
     ),
     path(f"{MCP}/tools", McpServerViewSet.as_view({"get": "tools"}), name="mcp-tool-list"),
+    # A tool's name is the server's text and may hold "/": the client percent-encodes it.
     path(
-        f"{MCP}/tools/<str:name>/review",
+        f"{MCP}/tools/<path:name>/review",
         McpServerViewSet.as_view({"post": "tool_review"}),
         name="mcp-tool-review",
     ),
     path(
-        f"{MCP}/tools/<str:name>/mark",
+        f"{MCP}/tools/<path:name>/mark",
         McpServerViewSet.as_view({"post": "tool_mark"}),
         name="mcp-tool-mark",
     ),

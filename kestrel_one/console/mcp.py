@@ -68,9 +68,10 @@ def egress_from_text(raw: str) -> list[Any]:
     """The egress entries an admin typed: a JSON array, or one ``host port protocol`` per
     line (blank lines and ``#`` comments skipped). Only the shape of the text is read here;
     every entry is checked by the service's strict parser, which names each error at its
-    path (``egress[2].port``). A port that is not all digits stays a string so that the
-    parser refuses it rather than this guessing. JSON that cannot be read (nested too deeply,
-    a number of too many digits) is a form error (``json_loads``)."""
+    path (``egress[2].port``), as it does the API's. A port is read as JSON reads it
+    (``_port_from_text``), so the parser takes and refuses what it takes and refuses from the
+    API. JSON that cannot be read (nested too deeply, a number of too many digits) is a form
+    error (``json_loads``)."""
     text = raw.strip()
     if not text:
         return []
@@ -99,14 +100,15 @@ def egress_from_text(raw: str) -> list[Any]:
     return entries
 
 
-def _port_from_text(port: str) -> int | str:
-    """The port as the integer its digits say, else the text as typed (the parser refuses
-    it). More digits than any port has are read as one past the largest port, which the
-    parser refuses as out of range: Python reads no integer of more than 4,300 digits."""
-    if not (port.isascii() and port.isdigit()):
+def _port_from_text(port: str) -> Any:
+    """The port typed on a line as the API would have it in JSON: ``443`` is the integer,
+    ``443.0`` a number that is no integer; text that is no JSON value (``0443``, ``+443``,
+    ``https``, digits too many to read) stays the text. The egress parser then takes or
+    refuses it with the API's one rule (an integer 1 to 65535), never a guess of this form."""
+    try:
+        return json_loads(port)
+    except json.JSONDecodeError:
         return port
-    digits = port.lstrip("0") or "0"
-    return int(digits) if len(digits) <= 5 else 65536
 
 
 def egress_as_text(entries: list[dict]) -> str:
@@ -141,14 +143,15 @@ class EgressForm(forms.Form):
     egress = EgressField()
 
 
-class ReviewForm(forms.Form):
-    accept = forms.ChoiceField(choices=[("yes", "accept"), ("no", "keep disabled")])
-    # The definition shown on the page: accepting adopts it, never one listed since.
-    sha256 = forms.RegexField(regex=r"^[0-9a-f]{64}$")
+# What the review and mark buttons post, as the API's booleans. Any other value is passed on
+# as posted, for the service to refuse as it refuses it from the API: one rule, one message.
+ACCEPT_POSTED = {"yes": True, "no": False}
+DANGEROUS_POSTED = {"on": True, "off": False}
 
 
-class MarkForm(forms.Form):
-    dangerous = forms.ChoiceField(choices=[("on", "mark"), ("off", "unmark")])
+def _posted(request, field: str, words: dict[str, bool]) -> Any:
+    value = request.POST.get(field)
+    return words.get(value, value) if isinstance(value, str) else value
 
 
 class RiskForm(forms.Form):
@@ -454,16 +457,14 @@ class McpToolReviewView(_OneTool):
     disabled (the API's ``{"accept": true|false}``)."""
 
     def post(self, request, org: str, mcp: str, tool: str):
-        form = ReviewForm(request.POST)
-        if not form.is_valid():
-            return self.server_page(status=400, errors=_form_errors(form))
-        accept = form.cleaned_data["accept"] == "yes"
         try:
             services.mcp_tool_review(
                 actor=self.principal,
                 tool=self.tool,
-                accept=accept,
-                sha256=form.cleaned_data["sha256"],
+                accept=_posted(request, "accept", ACCEPT_POSTED),
+                # The definition the page showed (its hidden field): accepting adopts it,
+                # never one listed since. Empty is none given, as the API's field left out.
+                sha256=request.POST.get("sha256") or None,
             )
         except KestrelError as error:
             return self.server_page(status=error.status, errors=_service_errors(error))
@@ -475,10 +476,7 @@ class McpToolMarkView(_OneTool):
     that mark, never what the annotations declare)."""
 
     def post(self, request, org: str, mcp: str, tool: str):
-        form = MarkForm(request.POST)
-        if not form.is_valid():
-            return self.server_page(status=400, errors=_form_errors(form))
-        dangerous = form.cleaned_data["dangerous"] == "on"
+        dangerous = _posted(request, "dangerous", DANGEROUS_POSTED)
         try:
             services.mcp_tool_mark(actor=self.principal, tool=self.tool, dangerous=dangerous)
         except KestrelError as error:
@@ -536,13 +534,14 @@ urlpatterns: list[URLPattern] = [
     path(f"{ORG}/<str:mcp>", McpServerView.as_view(), name="console_mcp_server"),
     path(f"{ORG}/<str:mcp>/refresh", McpServerRefreshView.as_view(), name="console_mcp_refresh"),
     path(f"{ORG}/<str:mcp>/remove", McpServerRemoveView.as_view(), name="console_mcp_remove"),
+    # A tool's name is the server's text and may hold "/" (the page percent-encodes it).
     path(
-        f"{ORG}/<str:mcp>/tools/<str:tool>/review",
+        f"{ORG}/<str:mcp>/tools/<path:tool>/review",
         McpToolReviewView.as_view(),
         name="console_mcp_tool_review",
     ),
     path(
-        f"{ORG}/<str:mcp>/tools/<str:tool>/mark",
+        f"{ORG}/<str:mcp>/tools/<path:tool>/mark",
         McpToolMarkView.as_view(),
         name="console_mcp_tool_mark",
     ),

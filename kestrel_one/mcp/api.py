@@ -106,8 +106,7 @@ class McpServerUpdateSerializer(StrictSerializer):
 
 class ToolReviewSerializer(StrictSerializer):
     accept = _Flag(help_text="true adopts the pending definition; false keeps the tool off.")
-    sha256 = serializers.RegexField(
-        r"^[0-9a-f]{64}$",
+    sha256 = _Text(
         required=False,
         help_text="The reviewed definition's digest (the tool's pending.sha256); required to "
         "accept, and refused (409) if the server has listed another definition since.",

@@ -82,6 +82,8 @@ _PINNED = re.compile(
 )
 _UNPINNED = re.compile(rf"{_REPOSITORY}(?::{_TAG})?")
 MAX_REFERENCE_CHARS = 512
+# A tool definition's digest, as ``pending.sha256`` shows it.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 PINNED_FORM = "REPO@sha256:<64 hex>"
 
 
@@ -562,7 +564,7 @@ def mcp_server_remove(*, actor, server: McpServer) -> McpServer:
 
 
 @transaction.atomic
-def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = None) -> McpTool:
+def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: Any = None) -> McpTool:
     """An admin's decision on a changed or new definition: accepting adopts it (the tool is
     enabled with the new digest); refusing keeps the tool disabled, the definition pending.
 
@@ -576,6 +578,12 @@ def mcp_tool_review(*, actor, tool: McpTool, accept: Any, sha256: str | None = N
     keeps the tool off, which anyone who may change servers may do."""
     if not isinstance(accept, bool):
         _refuse("accept", "must be true (adopt the pending definition) or false (keep it off)")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        _refuse(
+            "sha256",
+            "must be the digest of the definition you reviewed: 64 lower case hex digits, the "
+            "tool's pending.sha256",
+        )
     if accept:
         require_person(
             actor,

@@ -431,7 +431,8 @@ def fill(route, world, org_slug: str, overrides: dict | None = None) -> str:
     url = route.pattern.replace("<slug:org>", org_slug)
     for name, filler in KWARGS[route.name].items():
         value = (overrides or {}).get(name) or filler(world)
-        url = url.replace(f"<str:{name}>", value)
+        for converter in ("str", "slug", "path"):
+            url = url.replace(f"<{converter}:{name}>", value)
     return url
 
 

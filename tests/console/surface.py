@@ -26,7 +26,8 @@ NOT_FOUND = "/console/no-such-organization/"
 def fill(route, world, kwargs: dict[str, str], org: str = "acme") -> str:
     url = route.pattern.replace("<slug:org>", org)
     for name, value in kwargs.items():
-        url = url.replace(f"<str:{name}>", value).replace(f"<slug:{name}>", value)
+        for converter in ("str", "slug", "path"):
+            url = url.replace(f"<{converter}:{name}>", value)
     assert "<" not in url, f"{route.name}: the catalogue does not fill {url}"
     return "/" + url.lstrip("/")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from html import unescape
 
 import pytest
 from django.db import connection
@@ -585,3 +586,131 @@ def test_a_persons_mcp_decision_in_a_stale_session_asks_for_sudo(world, server):
     accepted = _post(fresh, page, f"{page}/tools/poisoned/review", {"accept": "yes"})
     assert accepted.status_code == 303 and accepted["Location"].startswith(page)
     assert server.tools.get(name="poisoned").state == McpTool.State.ENABLED
+
+
+def _api(world, server) -> str:
+    return f"/api/v1/orgs/{world.org.slug}/mcp-servers/{server.public_id}"
+
+
+@pytest.mark.spec("MCP-5")
+def test_keeping_a_tool_disabled_needs_no_digest_in_the_console_as_in_the_api(world, server):
+    """The API keeps a tool disabled on ``{"accept": false}``; the console's form refused
+    the same decision without a definition's digest, a rule of its own. Both go through the
+    service's one rule now: a digest is needed to accept, and any digest given must be one."""
+    admin = _client(world["admin"].user)
+    page = _page(world, server)
+    token = _token(admin.get(page).content.decode())
+    kept = admin.post(
+        f"{page}/tools/poisoned/review", {"accept": "no", "csrfmiddlewaretoken": token}
+    )
+    assert kept.status_code == 303, kept.content.decode()[:2000]
+    poisoned = server.tools.get(name="poisoned")
+    assert poisoned.state == McpTool.State.CHANGED and poisoned.reviewed_at is not None
+    api = world["admin"].client()
+    assert (
+        api.post(
+            f"{_api(world, server)}/tools/poisoned/review", {"accept": False}, format="json"
+        ).status_code
+        == 200
+    )
+
+    said = []
+    before = database_fingerprint()
+    console = admin.post(
+        f"{page}/tools/poisoned/review",
+        {"accept": "yes", "sha256": "not-a-digest", "csrfmiddlewaretoken": token},
+    )
+    assert console.status_code == 400
+    said.append(unescape(re.search(r"<li>(sha256: [^<]*)</li>", console.content.decode())[1]))
+    answer = api.post(
+        f"{_api(world, server)}/tools/poisoned/review",
+        {"accept": True, "sha256": "not-a-digest"},
+        format="json",
+    )
+    assert answer.status_code == 400
+    said.append("sha256: " + answer.json()["error"]["details"]["sha256"][0])
+    assert said[0] == said[1] and "pending.sha256" in said[0], said
+    assert database_fingerprint() == before
+
+
+@pytest.mark.spec("MCP-2")
+def test_a_port_the_api_refuses_the_console_refuses_too(world, server):
+    """The console's line form read ``0443`` as 443, where the API refuses anything but a
+    JSON integer: a port typed on a line is now read as JSON reads it, and refused or taken
+    by the one parser, with the same words."""
+    admin = _client(world["admin"].user)
+    page = _page(world, server)
+    api = world["admin"].client()
+    for typed, sent in (("0443", "0443"), ("443.0", 443.0), ("+443", "+443")):
+        refused = _post(admin, page, page, {"egress": f"api.example.com {typed} https"})
+        assert refused.status_code == 400, typed
+        shown = re.search(r"<li>(egress\[0\]\.port: [^<]*)</li>", refused.content.decode())
+        answer = api.patch(
+            _api(world, server),
+            {"egress": [{"host": "api.example.com", "port": sent, "protocol": "https"}]},
+            format="json",
+        )
+        assert answer.status_code == 400, typed
+        assert (
+            shown
+            and unescape(shown[1])
+            == "egress[0].port: " + (answer.json()["error"]["details"]["egress[0].port"][0])
+        ), typed
+    server.refresh_from_db()
+    assert server.egress == []
+    assert _post(admin, page, page, {"egress": "api.example.com 443 https"}).status_code == 303
+    server.refresh_from_db()
+    assert server.egress == [{"host": "api.example.com", "port": 443, "protocol": "https"}]
+
+
+@pytest.mark.spec("POL-8")
+def test_a_tool_whose_name_holds_a_slash_is_marked_from_the_console_and_the_api(world, server):
+    """A tool's name is the server's text, which may hold ``/``: its mark and review URLs
+    did not route (404) in the console or the API, so an admin could not mark it at all."""
+    odd = {"name": "files/read", "inputSchema": {"type": "object"}}
+    from runners.contract.mcp import tool_definition_digest
+
+    McpTool.objects.create(
+        server=server,
+        name="files/read",
+        definition=odd,
+        definition_sha256=tool_definition_digest(odd),
+        state=McpTool.State.UNUSABLE,
+        unusable_reason="its name is not one a policy can name",
+    )
+    admin = _client(world["admin"].user)
+    page = _page(world, server)
+    marked = _post(admin, page, f"{page}/tools/files%2Fread/mark", {"dangerous": "on"})
+    assert marked.status_code == 303, marked.status_code
+    assert server.tools.get(name="files/read").marked_dangerous
+    unmarked = (
+        world["admin"]
+        .client()
+        .post(f"{_api(world, server)}/tools/files%2Fread/mark", {"dangerous": False}, format="json")
+    )
+    assert unmarked.status_code == 200, unmarked.content
+    assert unmarked.json()["name"] == "files/read" and not unmarked.json()["marked_dangerous"]
+    review = (
+        world["admin"]
+        .client()
+        .post(f"{_api(world, server)}/tools/files%2Fread/review", {"accept": False}, format="json")
+    )
+    assert review.status_code == 409  # found, and nothing pending to review
+
+
+@pytest.mark.spec("POL-8")
+def test_a_removed_tools_marking_is_shown_and_changed_on_its_page_as_in_the_api(world, server):
+    """A tool the server no longer lists keeps its admin's marking (it holds when the tool
+    comes back), and the API marks and unmarks it; its page offered no form for it."""
+    echo = server.tools.get(name="echo")
+    echo.state, echo.marked_dangerous = McpTool.State.REMOVED, True
+    echo.save()
+    admin = _client(world["admin"].user)
+    page = _page(world, server)
+    html = admin.get(page).content.decode()
+    assert "No longer listed by the server. Listed again, it keeps its marking." in html
+    assert "an admin marked it dangerous" in html
+    unmarked = _post_from(admin, html, f"{page}/tools/echo/mark", {"dangerous": "off"})
+    assert unmarked.status_code == 303
+    echo.refresh_from_db()
+    assert not echo.marked_dangerous and echo.state == McpTool.State.REMOVED
