@@ -370,6 +370,14 @@ _UPDATED_FIELDS = [
 _RECORDED_FIELDS = ["definition", "definition_sha256", "recorded_at", *_UPDATED_FIELDS]
 
 
+def _storable_name(name: Any) -> bool:
+    """Whether ``name`` can be a recorded tool's name as it is listed: text, not empty, no
+    longer than the column and nothing a database text refuses (a NUL). A name cut or
+    changed to fit would be another tool's: the next listing would not find it again."""
+    max_chars = McpTool._meta.get_field("name").max_length or 0
+    return isinstance(name, str) and 0 < len(name) <= max_chars and json_storable(name) == name
+
+
 def tools_observe(
     server: McpServer, observed: Mapping[str, Any], *, now, first: bool = False
 ) -> dict[str, str]:
@@ -383,11 +391,13 @@ def tools_observe(
     updated: list[McpTool] = []
     dropped: list[int] = []
     for name, listed in sorted(observed.items()):
+        if not _storable_name(name):
+            continue  # no row holds it, so no row is it (``tools_record`` counts it skipped)
         tool = existing.get(name)
         if tool is None:
             if listed is None:
                 continue
-            new, change = _record_new(server, name[:256], listed, now, first=first)
+            new, change = _record_new(server, name, listed, now, first=first)
             created.append(new)
             changes[name] = change
             continue
@@ -431,7 +441,7 @@ def tools_record(server: McpServer, listed_tools: list, *, now) -> dict[str, lis
         if not isinstance(listed, Mapping):
             continue
         name = listed.get("name")
-        if not isinstance(name, str) or not name or name in observed:
+        if not _storable_name(name) or name in observed:
             nameless += 1
             continue
         observed[name] = listed

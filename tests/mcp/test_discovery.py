@@ -568,6 +568,29 @@ def test_a_removed_tool_cannot_be_reviewed(
     assert accepted.state == McpTool.State.ENABLED and accepted.definition == changed
 
 
+@pytest.mark.spec("MCP-5")
+def test_a_name_no_tool_row_can_hold_is_skipped_not_a_failed_report(
+    started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """A report may name a tool by up to 1,024 characters, and the record held the first
+    256: two names alike in those collided on the one row per name, and so did one listed
+    again at the next refresh (looked up whole, not found, inserted cut), so the report's
+    transaction failed and the discovery hung until the sweep said no runner answered. A
+    NUL, which no database text holds, failed it too. Such a name is skipped, and said so."""
+    server, discovery, _ = started
+    long_a = {"name": "a" * 300, "inputSchema": {"type": "object"}}
+    long_b = {**long_a, "name": "a" * 299 + "b"}
+    nul = {**long_a, "name": "read\x00file"}
+    listed = [ECHO, long_a, long_b, nul]
+    assert discovery_ingest(report(discovery, runner, runner_key, tools=listed)) == "recorded"
+    discovery.refresh_from_db()
+    assert discovery.summary["skipped"] == ["3 listed tool(s) without a usable unique name"]
+    assert list(server.tools.values_list("name", flat=True)) == ["echo"]
+    again = refresh(server, runner, runner_key, sent, django_capture_on_commit_callbacks, listed)
+    assert again.state == McpDiscovery.State.DONE and again.summary["removed"] == []
+    assert list(server.tools.values_list("name", "state")) == [("echo", McpTool.State.ENABLED)]
+
+
 def test_a_failed_first_discovery_fails_the_server(started, runner, runner_key):
     server, discovery, _ = started
     error = {"code": "mcp_start_failed", "message": "the server did not initialize"}
