@@ -218,7 +218,14 @@ def _limits_merge(raw: Any, base: dict) -> dict:
         _refuse("limits", f"must be an object with any of: {', '.join(schema['properties'])}")
     merged = {**base, **raw}
     _raise_problems(_schema_problems(merged, schema, "limits"))
-    return merged
+    # One form for each number, as the profile's digest reads it: JSON Schema takes 512.0 as
+    # an integer and 1 as a number, and a limit sent as another spelling of the value it has
+    # must not move the base profile (which voids the egress grant and risk acceptances).
+    kinds = {name: rule["type"] for name, rule in schema["properties"].items()}
+    return {
+        name: int(value) if kinds[name] == "integer" else float(value)
+        for name, value in merged.items()
+    }
 
 
 def _justification_check(raw: Any) -> str:

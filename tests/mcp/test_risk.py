@@ -363,3 +363,32 @@ def test_a_change_that_voids_the_acceptances_or_a_removal_ends_them_on_the_runne
     with django_capture_on_commit_callbacks(execute=True):
         assert admin.delete(server_url).status_code in (200, 204)
     assert messages.risk_ends() == [("mcp.risk.end", *scope, third["id"])]
+
+
+def test_limits_sent_as_another_spelling_of_the_same_numbers_change_nothing(world, ready):
+    """``cpus: 1`` for the 1.0 a server has, or ``memory_mb: 512.0`` (an integer to JSON
+    Schema), read as no change, yet were stored as sent: the base profile's digest moved, so
+    the egress grant went void and the risk acceptance was voided for good, a person's
+    decision ended by a change the audit row said was none. Limits are stored in one form
+    (integers as integers, cpus as a number with a fraction), so the same numbers are the
+    same profile."""
+    admin = world["admin"].client()
+    server_url = f"{URL}/{ready['id']}"
+    entries = [{"host": "api.example.com", "port": 443, "protocol": "https"}]
+    assert admin.patch(server_url, {"egress": entries}, format="json").status_code == 200
+    assert accept(admin, ready["id"]).status_code == 201
+    before = admin.get(server_url).json()
+    assert before["limits"]["cpus"] == 1.0 and before["network"]["mode"] == "bridge"
+    for same in ({"cpus": 1}, {"memory_mb": 512.0, "pids": 128.0}):
+        answer = admin.patch(server_url, {"limits": same}, format="json")
+        assert answer.status_code == 200, answer.content
+        assert answer.json()["network"] == before["network"], same
+        assert answer.json()["limits"] == before["limits"]
+    assert not McpRiskAcceptance.objects.filter(voided_at__isnull=False).exists()
+    stored = McpServer.objects.get(public_id=ready["id"]).limits
+    assert [type(stored[k]) for k in ("memory_mb", "cpus", "pids", "tmp_mb")] == [
+        int,
+        float,
+        int,
+        int,
+    ]
