@@ -2,14 +2,17 @@
 
 ``/console/{org}/mcp-servers`` lists what is installed in each Environment and, for admins
 (``mcp:write``), installs one: custom by ``REPO@sha256:DIGEST`` or managed by name. A
-server's page shows its profile, its recorded tools (descriptions are untrusted text: shown
+server's page shows its profile (and, for admins, the form that changes it as the API's
+``PATCH`` does), its recorded tools (descriptions are untrusted text: shown
 escaped, their injection flags marked, never followed), the tools waiting for a review with
 the recorded and the new definition side by side, its egress entries (which never give it a
 network: there is no trusted egress gateway yet) and its risk acceptances.
 
 As everywhere in the console, every member reads what the API lets them read (``org:read``)
 and every write goes through the service the API calls, with the API's scope; a service's
-refusal is shown on the page with its status and every field it names. Accepting a
+refusal is shown on the page with its status and every field it names. What a form
+posts is given to the service as the API's JSON body would give it (``typed_value``, the
+review and mark buttons' booleans), so one rule refuses it, in the same words. Accepting a
 networking risk needs sudo mode.
 """
 
@@ -50,13 +53,19 @@ from kestrel_one.mcp.selectors import (
     tools_of,
 )
 from kestrel_one.tenancy.models import Environment
-from runners.contract.mcp import BRIDGE_BLOCKED_DESTINATIONS, MANAGED_SERVERS, WORKSPACE_MOUNTS
+from runners.contract.mcp import (
+    BRIDGE_BLOCKED_DESTINATIONS,
+    DEFAULT_LIMITS,
+    MANAGED_SERVERS,
+    WORKSPACE_MOUNTS,
+)
 
 TEMPLATES = "console/mcp/"
 SERVERS_PER_PAGE = 50
 MANAGED_CHOICES = [(name, name) for name in sorted(MANAGED_SERVERS)]
 # The most egress text a form takes (64 entries of the longest host are well under it).
 MAX_EGRESS_TEXT = 32 * 1024
+LIMIT_NAMES = tuple(DEFAULT_LIMITS)
 
 
 def _back(url: str, **notice: str) -> HttpResponseRedirect:
@@ -96,19 +105,20 @@ def egress_from_text(raw: str) -> list[Any]:
                 f"line {number}: expected `host port protocol`, e.g. `api.example.com 443 https`"
             )
         host, port, protocol = parts
-        entries.append({"host": host, "port": _port_from_text(port), "protocol": protocol})
+        entries.append({"host": host, "port": typed_value(port), "protocol": protocol})
     return entries
 
 
-def _port_from_text(port: str) -> Any:
-    """The port typed on a line as the API would have it in JSON: ``443`` is the integer,
-    ``443.0`` a number that is no integer; text that is no JSON value (``0443``, ``+443``,
-    ``https``, digits too many to read) stays the text. The egress parser then takes or
-    refuses it with the API's one rule (an integer 1 to 65535), never a guess of this form."""
+def typed_value(text: str) -> Any:
+    """A value typed into a form (a port, a limit, a command) as the API would have it in
+    its JSON body: ``443`` is the integer, ``443.0`` a number that is no integer, ``["a"]``
+    an array; text that is no JSON value (``0443``, ``+443``, ``https``, digits too many to
+    read) stays the text. The service then takes or refuses it with the API's one rule (a
+    port is an integer 1 to 65535), never a guess of this form."""
     try:
-        return json_loads(port)
+        return json_loads(text)
     except json.JSONDecodeError:
-        return port
+        return text
 
 
 def egress_as_text(entries: list[dict]) -> str:
@@ -132,6 +142,7 @@ class InstallForm(forms.Form):
     image = forms.CharField(max_length=512, required=False)
     managed = forms.ChoiceField(choices=[("", ""), *MANAGED_CHOICES], required=False)
     workspace = forms.ChoiceField(choices=[(m, m) for m in WORKSPACE_MOUNTS], required=False)
+    command = forms.CharField(required=False, strip=True)
     egress = EgressField()
 
     def __init__(self, *args, environments=(), **kwargs):
@@ -141,6 +152,50 @@ class InstallForm(forms.Form):
 
 class EgressForm(forms.Form):
     egress = EgressField()
+
+
+def _differs(value: Any, current: Any) -> bool:
+    # ``True == 1``: a boolean typed for a number is sent, for the service to refuse.
+    return isinstance(value, bool) or value != current
+
+
+def limits_posted(posted, current: dict | None = None) -> dict[str, Any]:
+    """The limits typed into a form (``memory_mb``, ...; empty: as they are), each as the
+    API would have it (``typed_value``), those that differ from ``current`` only."""
+    limits = {}
+    for name in LIMIT_NAMES:
+        text = posted.get(name, "").strip()
+        if text:
+            value = typed_value(text)
+            if current is None or _differs(value, current.get(name)):
+                limits[name] = value
+    return limits
+
+
+def command_posted(text: str) -> Any:
+    """The server's argv typed as a JSON array of strings; empty: the image's own."""
+    text = text.strip()
+    return typed_value(text) if text else []
+
+
+def server_changes(server: McpServer, posted) -> dict[str, Any]:
+    """What the change form posted that differs from ``server``, as the API's ``PATCH``
+    body: only the fields the form has, each as the API would have it. A field of a managed
+    server's that is Kestrel's (image, command, workspace) is sent if posted, for the
+    service to refuse."""
+    changes: dict[str, Any] = {}
+    if "image" in posted and posted["image"].strip() != server.reference:
+        changes["image"] = posted["image"].strip()
+    if "command" in posted:
+        command = command_posted(posted["command"])
+        if _differs(command, list(server.command)):
+            changes["command"] = command
+    if "workspace" in posted and posted["workspace"] != server.workspace:
+        changes["workspace"] = posted["workspace"]
+    limits = limits_posted(posted, dict(server.limits))
+    if limits:
+        changes["limits"] = limits
+    return changes
 
 
 # What the review and mark buttons post, as the API's booleans. Any other value is passed on
@@ -284,6 +339,7 @@ class McpServersView(ConsoleView):
         data = form.cleaned_data
         environment = next(e for e in environments if e.public_id == data["environment"])
         custom = data["kind"] == "custom"
+        limits = limits_posted(request.POST)
         try:
             server = services.mcp_server_install(
                 actor=self.principal,
@@ -293,6 +349,8 @@ class McpServersView(ConsoleView):
                 image=data["image"].strip() if custom else None,
                 managed=None if custom else data["managed"],
                 workspace=(data["workspace"] or None) if custom else None,
+                command=typed_value(data["command"]) if custom and data["command"] else None,
+                limits=limits or None,
                 egress=data["egress"],
             )
         except KestrelError as error:
@@ -308,6 +366,7 @@ class McpServersView(ConsoleView):
             "environments": self.environments(),
             "managed_choices": MANAGED_CHOICES,
             "workspace_choices": WORKSPACE_MOUNTS,
+            "default_limits": DEFAULT_LIMITS,
             "can_write": self.can("mcp:write"),
             "errors": errors or [],
             "notice": {"removed": self.request.GET.get("removed", "")[:40]},
@@ -363,6 +422,8 @@ class _OneServer(ConsoleView):
             ],
             "risks": risks,
             "egress_text": extra.pop("egress_text", egress_as_text(server.egress)),
+            "command_text": json.dumps(list(server.command)) if server.command else "",
+            "workspace_choices": WORKSPACE_MOUNTS,
             "egress_awaiting": EGRESS_AWAITING_GATEWAY,
             "egress_void": EGRESS_VOID,
             "bridge_blocked": BRIDGE_BLOCKED_DESTINATIONS,
@@ -372,6 +433,7 @@ class _OneServer(ConsoleView):
                 key: _shown(self.request.GET.get(key, "")[:40])
                 for key in (
                     "installed",
+                    "changed",
                     "egress",
                     "refreshed",
                     "reviewed",
@@ -412,6 +474,28 @@ class McpServerView(_OneServer):
                 egress_text=request.POST.get("egress", ""),
             )
         return _back(self.server_url(), egress="1")
+
+
+class McpServerChangeView(_OneServer):
+    """``POST .../mcp-servers/{mcp}/change``: the API's ``PATCH`` of what the server runs
+    (image, command, workspace: a person's decision, so sudo mode) and its limits, with the
+    fields that differ from the server's (``server_changes``). A new image or command is a
+    new discovery; any change of them voids the egress grant and the risk acceptances."""
+
+    scope_map = {"POST": "mcp:write"}
+
+    def post(self, request, org: str, mcp: str):
+        changes = server_changes(self.server, request.POST)
+        if not changes:
+            return self.server_page(
+                status=400,
+                errors=["Nothing to change: every field is as the server has it."],
+            )
+        try:
+            services.mcp_server_update(actor=self.principal, server=self.server, changes=changes)
+        except KestrelError as error:
+            return self.server_page(status=error.status, errors=_service_errors(error))
+        return _back(self.server_url(), changed="1")
 
 
 class McpServerRefreshView(_OneServer):
@@ -532,6 +616,7 @@ ORG = "console/<slug:org>/mcp-servers"
 urlpatterns: list[URLPattern] = [
     path(ORG, McpServersView.as_view(), name="console_mcp_servers"),
     path(f"{ORG}/<str:mcp>", McpServerView.as_view(), name="console_mcp_server"),
+    path(f"{ORG}/<str:mcp>/change", McpServerChangeView.as_view(), name="console_mcp_change"),
     path(f"{ORG}/<str:mcp>/refresh", McpServerRefreshView.as_view(), name="console_mcp_refresh"),
     path(f"{ORG}/<str:mcp>/remove", McpServerRemoveView.as_view(), name="console_mcp_remove"),
     # A tool's name is the server's text and may hold "/" (the page percent-encodes it).

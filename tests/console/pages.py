@@ -718,6 +718,9 @@ MCP: dict[str, Page] = {
             ),
         ),
     ),
+    # Limits only: changing what the server runs is a person's decision (sudo mode), which
+    # test_mcp_console.py posts.
+    "console_mcp_change": _mcp_write(("mcp",), lambda world: {"memory_mb": "256"}),
     "console_mcp_refresh": _mcp_write(("mcp",), lambda world: {}),
     "console_mcp_remove": _mcp_write(("mcp",), lambda world: {}),
     "console_mcp_tool_review": _mcp_write(("mcp", "tool"), lambda world: {"accept": "no"}),

@@ -119,6 +119,7 @@ def test_a_viewers_posts_are_refused_and_change_nothing(world, server):
     for action, body in [
         (_page(world), {"name": "x", "environment": world.environment.public_id}),
         (page, {"egress": "api.example.com 443 https"}),
+        (f"{page}/change", {"memory_mb": "256"}),
         (f"{page}/refresh", {}),
         (f"{page}/remove", {}),
         (f"{page}/tools/poisoned/review", {"accept": "yes"}),
@@ -143,6 +144,7 @@ def test_another_organizations_server_is_a_404(world, server):
     before = database_fingerprint()
     for action in (
         base,
+        f"{base}/change",
         f"{base}/refresh",
         f"{base}/remove",
         f"{base}/tools/echo/mark",
@@ -714,3 +716,95 @@ def test_a_removed_tools_marking_is_shown_and_changed_on_its_page_as_in_the_api(
     assert unmarked.status_code == 303
     echo.refresh_from_db()
     assert not echo.marked_dangerous and echo.state == McpTool.State.REMOVED
+
+
+@pytest.mark.spec("MCP-1")
+def test_an_admin_changes_a_servers_image_command_and_limits_from_its_page(world, server):
+    """The API changes a server's image, command, workspace and limits (PATCH); the console
+    had no form for any of them. Its change form sends what differs, as the API's values,
+    to the same service, which refuses what it refuses from the API."""
+    admin = _client(world["admin"].user)
+    page = _page(world, server)
+    html = admin.get(page).content.decode()
+    same = _post_from(admin, html, f"{page}/change", {})
+    assert same.status_code == 400 and "Nothing to change" in same.content.decode()
+
+    before = database_fingerprint()
+    not_json = _post_from(admin, html, f"{page}/change", {"command": "python /srv/server.py"})
+    assert not_json.status_code == 400
+    api = (
+        world["admin"]
+        .client()
+        .patch(_api(world, server), {"command": "python /srv/server.py"}, format="json")
+    )
+    words = api.json()["error"]["details"]["command"][0]
+    assert f"<li>command: {words}</li>" in not_json.content.decode()
+    assert database_fingerprint() == before
+
+    image = "registry.example.com/notes@sha256:" + "ef" * 32
+    changed = _post_from(
+        admin,
+        html,
+        f"{page}/change",
+        {"image": image, "command": '["python", "/srv/server.py"]', "memory_mb": "256"},
+    )
+    assert changed.status_code == 303, changed.content.decode()[:2000]
+    server.refresh_from_db()
+    assert (server.reference, server.image_id) == (image, "sha256:" + "ef" * 32)
+    assert server.command == ["python", "/srv/server.py"] and server.limits["memory_mb"] == 256
+    assert server.state == McpServer.State.DISCOVERING
+    update = AuditRecord.objects.get(action="mcp.update", target_id=server.public_id)
+    assert set(update.data["changed"]) == {"reference", "image_id", "command", "limits"}
+    assert "The server is changed" in admin.get(changed["Location"]).content.decode()
+
+    # Changing what the server runs is a person's decision: a stale session confirms first.
+    stale = _stale(world["admin"].user)
+    before = database_fingerprint()
+    asked = _post(stale, page, f"{page}/change", {"workspace": "rw"})
+    assert asked.status_code == 303 and asked["Location"].startswith("/console/sudo?")
+    assert database_fingerprint() == before
+
+
+def test_a_managed_servers_change_form_offers_its_limits_only(world):
+    managed = McpServer.objects.create(
+        organization=world.org,
+        environment=world.environment,
+        name="clock",
+        kind="managed",
+        managed="time",
+        reference="kestrel/mcp-time:latest",
+        image_id=DIGEST,
+        limits={"memory_mb": 512, "cpus": 1.0, "pids": 128, "tmp_mb": 64},
+        state="ready",
+    )
+    admin = _client(world["admin"].user)
+    page = _page(world, managed)
+    html = admin.get(page).content.decode()
+    form = re.search(f'<form [^>]*action="{page}/change".*?</form>', html, re.S)[0]
+    assert 'name="image"' not in form and 'name="pids"' in form
+    refused = _post_from(admin, html, f"{page}/change", {"image": "x/y@" + DIGEST})
+    assert refused.status_code == 400
+    assert "image: is fixed for the managed &#x27;time&#x27; server" in refused.content.decode()
+    assert _post_from(admin, html, f"{page}/change", {"pids": "64"}).status_code == 303
+    managed.refresh_from_db()
+    assert managed.limits["pids"] == 64
+
+
+def test_an_admin_installs_a_custom_server_with_its_command_and_limits(world):
+    admin = _client(world["admin"].user)
+    page = _page(world)
+    body = {
+        "name": "with-command",
+        "environment": world.environment.public_id,
+        "kind": "custom",
+        "image": f"example/server@{DIGEST}",
+        "workspace": "none",
+        "command": '["node", "server.js"]',
+        "cpus": "0.5",
+        "egress": "",
+    }
+    response = _post(admin, page, page, body)
+    assert response.status_code == 303, response.content.decode()[:2000]
+    made = McpServer.objects.get(name="with-command")
+    assert made.command == ["node", "server.js"]
+    assert made.limits == {"memory_mb": 512, "cpus": 0.5, "pids": 128, "tmp_mb": 64}
