@@ -136,10 +136,12 @@ class EgressField(forms.CharField):
 
 
 class InstallForm(forms.Form):
-    name = forms.CharField(max_length=63)
+    # The name, the image and a risk's justification are the service's to check, as it
+    # checks them from the API: a bound of the form's own would refuse in other words.
+    name = forms.CharField(required=False, strip=False)
     environment = forms.ChoiceField(choices=())
     kind = forms.ChoiceField(choices=[("custom", "custom"), ("managed", "managed")])
-    image = forms.CharField(max_length=512, required=False)
+    image = forms.CharField(required=False)
     managed = forms.ChoiceField(choices=[("", ""), *MANAGED_CHOICES], required=False)
     workspace = forms.ChoiceField(choices=[(m, m) for m in WORKSPACE_MOUNTS], required=False)
     command = forms.CharField(required=False, strip=True)
@@ -210,7 +212,7 @@ def _posted(request, field: str, words: dict[str, bool]) -> Any:
 
 
 class RiskForm(forms.Form):
-    justification = forms.CharField(max_length=4000, strip=True)
+    justification = forms.CharField(required=False, strip=False)
     expires_at = forms.DateTimeField(input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"])
 
     def clean_expires_at(self) -> datetime:

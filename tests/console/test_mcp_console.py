@@ -808,3 +808,58 @@ def test_an_admin_installs_a_custom_server_with_its_command_and_limits(world):
     made = McpServer.objects.get(name="with-command")
     assert made.command == ["node", "server.js"]
     assert made.limits == {"memory_mb": 512, "cpus": 0.5, "pids": 128, "tmp_mb": 64}
+
+
+@pytest.mark.spec("MCP-1", "MCP-4")
+def test_the_install_and_risk_forms_refuse_in_the_apis_words(world, server):
+    """The forms had bounds of their own before the service's (a name of 63 characters, a
+    justification of 4,000, both required), so the console refused the same values as the
+    API in other words, or at other lengths. They pass the text to the service as typed."""
+    admin = _client(world["admin"].user)
+    api = world["admin"].client()
+    long_name = "n" * 64
+    install = {"environment": world.environment.public_id, "kind": "custom", "egress": ""}
+    install["image"] = f"example/server@{DIGEST}"
+    risk = {"expires_at": (timezone.now() + timedelta(days=3)).strftime("%Y-%m-%dT%H:%M")}
+    page = _page(world, server)
+    api_risk = f"{_api(world, server)}/risk-acceptances"
+    for field, console_post, api_answer in (
+        (
+            "name",
+            lambda: _post(admin, _page(world), _page(world), {**install, "name": long_name}),
+            lambda: api.post(
+                f"/api/v1/orgs/{world.org.slug}/mcp-servers",
+                {"name": long_name, "environment": world.environment.public_id}
+                | {"image": install["image"]},
+                format="json",
+            ),
+        ),
+        (
+            "justification",
+            lambda: _post(admin, page, f"{page}/risk-acceptances", {**risk, "justification": " "}),
+            lambda: api.post(
+                api_risk,
+                {"justification": " ", "expires_at": timezone.now() + timedelta(days=3)},
+                format="json",
+            ),
+        ),
+        (
+            "justification",
+            lambda: _post(
+                admin, page, f"{page}/risk-acceptances", {**risk, "justification": "j" * 4001}
+            ),
+            lambda: api.post(
+                api_risk,
+                {"justification": "j" * 4001, "expires_at": timezone.now() + timedelta(days=3)},
+                format="json",
+            ),
+        ),
+    ):
+        before = database_fingerprint()
+        shown = console_post()
+        assert shown.status_code == 400, field
+        answer = api_answer()
+        assert answer.status_code == 400, answer.content
+        words = answer.json()["error"]["details"][field][0]
+        assert f"<li>{field}: {words}</li>" in unescape(shown.content.decode()), (field, words)
+        assert database_fingerprint() == before
