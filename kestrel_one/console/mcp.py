@@ -62,6 +62,7 @@ from runners.contract.mcp import (
 
 TEMPLATES = "console/mcp/"
 SERVERS_PER_PAGE = 50
+RISKS_PER_PAGE = 50
 MANAGED_CHOICES = [(name, name) for name in sorted(MANAGED_SERVERS)]
 # The most egress text a form takes (64 entries of the longest host are well under it).
 MAX_EGRESS_TEXT = 32 * 1024
@@ -403,9 +404,14 @@ class _OneServer(ConsoleView):
         now = timezone.now()
         tools = [tool_view(tool) for tool in tools_of(server)]
         acceptances = risk_acceptances_of(server).select_related("accepted_by", "withdrawn_by")
+        # In pages, newest first, as the API's list: none is left off the page.
+        risk_pages = page_of(
+            acceptances.order_by("-created_at", "-pk"),
+            self.request.GET.get("page"),
+            per_page=RISKS_PER_PAGE,
+        )
         risks = [
-            {"risk": risk, "state": risk_acceptance_state(risk, now=now)}
-            for risk in acceptances.order_by("-created_at", "-pk")[:100]
+            {"risk": risk, "state": risk_acceptance_state(risk, now=now)} for risk in risk_pages
         ]
         profile = server_profile(server, now=now)
         context = {
@@ -423,6 +429,7 @@ class _OneServer(ConsoleView):
                 if view["pending"] is not None and view["tool"].state in PENDING_REVIEW
             ],
             "risks": risks,
+            "risk_pages": risk_pages,
             "egress_text": extra.pop("egress_text", egress_as_text(server.egress)),
             "command_text": json.dumps(list(server.command)) if server.command else "",
             "workspace_choices": WORKSPACE_MOUNTS,

@@ -863,3 +863,29 @@ def test_the_install_and_risk_forms_refuse_in_the_apis_words(world, server):
         words = answer.json()["error"]["details"][field][0]
         assert f"<li>{field}: {words}</li>" in unescape(shown.content.decode()), (field, words)
         assert database_fingerprint() == before
+
+
+@pytest.mark.spec("MCP-4")
+def test_a_servers_risk_acceptances_are_in_pages_and_none_is_left_off(world, server, monkeypatch):
+    """The page showed the newest 100 acceptances and said nothing of older ones; the API
+    pages them all. Now the page does too."""
+    monkeypatch.setattr(console_mcp, "RISKS_PER_PAGE", 2, raising=False)
+    first = server.risk_acceptances.get()
+    for number in range(2):
+        McpRiskAcceptance.objects.create(
+            organization=world.org,
+            server=server,
+            justification=f"more {number}",
+            expires_at=first.expires_at,
+            image_id=first.image_id,
+            profile_sha256=first.profile_sha256,
+        )
+    everyone = set(server.risk_acceptances.values_list("public_id", flat=True))
+    admin = _client(world["admin"].user)
+    pages = []
+    for number in ("1", "2"):
+        html = admin.get(_page(world, server), {"page": number}).content.decode()
+        assert 'aria-label="Pages of risk acceptances"' in html, number
+        pages.append({made for made in everyone if f"<td><code>{made}</code><br>" in html})
+    assert [len(page) for page in pages] == [2, 1]
+    assert pages[0] | pages[1] == everyone
