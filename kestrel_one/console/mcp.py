@@ -233,12 +233,14 @@ def _form_errors(form) -> list[str]:
 
 
 def _service_errors(error: KestrelError) -> list[str]:
-    """The refusal's message and every field it names (``egress[2].port: ...``)."""
+    """The refusal's message and every field it names (``egress[2].port: ...``), each line
+    once (a refusal of one field says it in its message too)."""
     lines = [error.message]
     if isinstance(error.details, dict):
         for field, messages in error.details.items():
             for message in messages if isinstance(messages, list) else [messages]:
-                lines.append(f"{field}: {message}")
+                if f"{field}: {message}" not in lines:
+                    lines.append(f"{field}: {message}")
     return lines
 
 
