@@ -11,6 +11,7 @@ from rest_framework import parsers, renderers
 from rest_framework.exceptions import ParseError
 
 from kestrel_one.common.errors import ValidationFailed
+from kestrel_one.common.jsontext import json_loads
 
 # Neither can be stored, hashed or signed: PostgreSQL text and jsonb hold no NUL, and a lone
 # UTF-16 surrogate (a JSON "\ud800" escape) is not a character, so it has no UTF-8 form.
@@ -37,6 +38,13 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _strict_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
+
+
+def json_value(text: str) -> Any:
+    """``text`` decoded as this parser decodes a body (NaN and Infinity are no JSON numbers,
+    a repeated key is kept for ``body_check``), for JSON typed into a console form;
+    ``json.JSONDecodeError`` when it is no JSON. ``body_check`` the value it is part of."""
+    return json_loads(text, object_pairs_hook=_object, parse_constant=_strict_constant)
 
 
 def _field(path: str, key: str | int) -> str:

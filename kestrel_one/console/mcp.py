@@ -28,9 +28,9 @@ from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.http import urlencode
 
+from kestrel_one.api.parsers import body_check, json_value
 from kestrel_one.common.errors import KestrelError
 from kestrel_one.common.injection import hidden_revealed
-from kestrel_one.common.jsontext import json_loads
 from kestrel_one.console.base import ConsoleView
 from kestrel_one.console.paging import page_of
 from kestrel_one.governance.drafts import DiffLine, policy_diff
@@ -78,16 +78,16 @@ def egress_from_text(raw: str) -> list[Any]:
     """The egress entries an admin typed: a JSON array, or one ``host port protocol`` per
     line (blank lines and ``#`` comments skipped). Only the shape of the text is read here;
     every entry is checked by the service's strict parser, which names each error at its
-    path (``egress[2].port``), as it does the API's. A port is read as JSON reads it
-    (``_port_from_text``), so the parser takes and refuses what it takes and refuses from the
+    path (``egress[2].port``), as it does the API's. A port is read as the API reads JSON
+    (``typed_value``), so the parser takes and refuses what it takes and refuses from the
     API. JSON that cannot be read (nested too deeply, a number of too many digits) is a form
-    error (``json_loads``)."""
+    error (``json_value``, the API's parser's reading)."""
     text = raw.strip()
     if not text:
         return []
     if text.startswith("["):
         try:
-            value = json_loads(text)
+            value = json_value(text)
         except json.JSONDecodeError as error:
             raise forms.ValidationError(
                 f"not valid JSON: {error.msg} (line {error.lineno})"
@@ -112,12 +112,14 @@ def egress_from_text(raw: str) -> list[Any]:
 
 def typed_value(text: str) -> Any:
     """A value typed into a form (a port, a limit, a command) as the API would have it in
-    its JSON body: ``443`` is the integer, ``443.0`` a number that is no integer, ``["a"]``
-    an array; text that is no JSON value (``0443``, ``+443``, ``https``, digits too many to
-    read) stays the text. The service then takes or refuses it with the API's one rule (a
-    port is an integer 1 to 65535), never a guess of this form."""
+    its JSON body, read by the API's parser (``json_value``): ``443`` is the integer,
+    ``443.0`` a number that is no integer, ``["a"]`` an array; text that is no JSON value
+    (``0443``, ``+443``, ``NaN``, ``https``, digits too many to read) stays the text. The
+    service then takes or refuses it with the API's one rule (a port is an integer 1 to
+    65535), never a guess of this form; what it posts is ``body_check``ed first, as a body
+    is."""
     try:
-        return json_loads(text)
+        return json_value(text)
     except json.JSONDecodeError:
         return text
 
@@ -344,8 +346,10 @@ class McpServersView(ConsoleView):
         data = form.cleaned_data
         environment = next(e for e in environments if e.public_id == data["environment"])
         custom = data["kind"] == "custom"
-        limits = limits_posted(request.POST)
+        typed = {"limits": limits_posted(request.POST) or None, "egress": data["egress"]}
+        typed["command"] = command_posted(data["command"]) if custom else None
         try:
+            body_check(typed)
             server = services.mcp_server_install(
                 actor=self.principal,
                 organization=self.organization,
@@ -354,9 +358,9 @@ class McpServersView(ConsoleView):
                 image=data["image"].strip() if custom else None,
                 managed=None if custom else data["managed"],
                 workspace=(data["workspace"] or None) if custom else None,
-                command=typed_value(data["command"]) if custom and data["command"] else None,
-                limits=limits or None,
-                egress=data["egress"],
+                command=typed["command"],
+                limits=typed["limits"],
+                egress=typed["egress"],
             )
         except KestrelError as error:
             return self.servers_page(form, status=error.status, errors=_service_errors(error))
@@ -472,12 +476,10 @@ class McpServerView(_OneServer):
             return self.server_page(
                 status=400, errors=_form_errors(form), egress_text=request.POST.get("egress", "")
             )
+        changes = {"egress": form.cleaned_data["egress"]}
         try:
-            services.mcp_server_update(
-                actor=self.principal,
-                server=self.server,
-                changes={"egress": form.cleaned_data["egress"]},
-            )
+            body_check(changes)
+            services.mcp_server_update(actor=self.principal, server=self.server, changes=changes)
         except KestrelError as error:
             return self.server_page(
                 status=error.status,
@@ -503,6 +505,7 @@ class McpServerChangeView(_OneServer):
                 errors=["Nothing to change: every field is as the server has it."],
             )
         try:
+            body_check(changes)
             services.mcp_server_update(actor=self.principal, server=self.server, changes=changes)
         except KestrelError as error:
             return self.server_page(status=error.status, errors=_service_errors(error))

@@ -890,3 +890,45 @@ def test_a_servers_risk_acceptances_are_in_pages_and_none_is_left_off(world, ser
         pages.append({made for made in everyone if f"<td><code>{made}</code><br>" in html})
     assert [len(page) for page in pages] == [2, 1]
     assert pages[0] | pages[1] == everyone
+
+
+@pytest.mark.spec("API-6")
+@pytest.mark.parametrize(
+    ("posted", "field"),
+    [
+        ({"cpus": "NaN"}, "limits.cpus"),
+        ({"cpus": "Infinity"}, "limits.cpus"),
+        ({"command": '["python", "\\ud800"]'}, "command[1]"),
+        ({"command": '["python", "\\u0000"]'}, "command[1]"),
+    ],
+    ids=["nan", "infinity", "surrogate", "nul"],
+)
+def test_a_value_the_apis_parser_refuses_is_refused_by_the_change_form(
+    world, server, posted, field
+):
+    """The form reads what is typed as JSON; the API's parser refuses NaN, Infinity, a lone
+    surrogate and a NUL before any service sees them, and the form must not let them
+    through to the service (a NaN passes a JSON Schema's bounds, a surrogate no database
+    text holds)."""
+    admin = _client(world["admin"].user)
+    admin.raise_request_exception = False
+    page = _page(world, server)
+    before = database_fingerprint()
+    refused = _post(admin, page, f"{page}/change", posted)
+    assert refused.status_code == 400, refused.status_code
+    assert f"<li>{field}" in refused.content.decode() or f"{field}:" in refused.content.decode()
+    assert database_fingerprint() == before
+
+
+@pytest.mark.spec("API-6")
+def test_egress_json_the_apis_parser_refuses_is_refused_by_the_form(world, server):
+    """A key given twice in an egress entry: the API refuses it, the form kept the last."""
+    admin = _client(world["admin"].user)
+    page = _page(world, server)
+    twice = '[{"host": "api.example.com", "host": "other.example.com", "port": 443, '
+    twice += '"protocol": "https"}]'
+    refused = _post(admin, page, page, {"egress": twice})
+    assert refused.status_code == 400
+    assert "egress[0].host: is given twice" in refused.content.decode()
+    server.refresh_from_db()
+    assert server.egress == []
