@@ -11,6 +11,10 @@ What an entry can say is what a future egress gateway can enforce for one destin
   checked to be valid IDNA), at least two labels, no trailing dot. No wildcard (``*``), no
   IP literal (v4 or v6, bracketed or not: an address says nothing about who answers it and
   cannot be checked against a certificate), no port, scheme, path, user or space inside.
+  A last label that is a number (decimal, or hex as ``0x1``) is refused too: a resolver
+  reads such a name as an IPv4 address in one of its old forms (``127.0.0.0x1`` and
+  ``0x7f.0x1`` are 127.0.0.1 to ``inet_aton``), and URL parsers treat it so (WHATWG's
+  "ends in a number").
 - ``port``: one integer 1..65535; no string, no boolean, no range.
 - ``protocol``: ``https`` (TLS to ``host:port``: the gateway checks the SNI and the server's
   certificate against ``host``) or ``tcp`` (a byte stream: the gateway resolves ``host``
@@ -45,6 +49,8 @@ EGRESS_PROTOCOLS = ("https", "tcp")
 MAX_EGRESS_ENTRIES = 64
 MAX_HOST_CHARS = 253
 _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# A label a resolver or URL parser reads as a number: decimal (octal with a leading 0) or hex.
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
 
 
 class EgressInvalid(ValidationFailed):
@@ -101,8 +107,11 @@ def _host_problem(host: Any) -> str | None:
                 f"label '{echo(label)}' must be 1 to 63 letters, digits or hyphens, "
                 "not starting or ending with a hyphen"
             )
-    if labels[-1].isdigit():
-        return "must not end with a numeric label"
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
+        return (
+            "must not end with a numeric label: a resolver reads such a name as an IP "
+            "address (127.0.0.0x1 is 127.0.0.1), and IP addresses are not allowed"
+        )
     for label in labels:
         if label.startswith("xn--"):
             # An xn-- label must be the punycode of a valid IDNA label; every other label is

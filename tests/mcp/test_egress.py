@@ -79,6 +79,18 @@ def test_a_malformed_entry_is_refused_at_its_exact_path(bad, field, words):
 
 
 @pytest.mark.spec("MCP-2")
+@pytest.mark.parametrize("host", ["127.0.0.0x1", "0x7f.0x1", "0x7f.0.0.0x1", "10.0x0", "api.0x"])
+def test_a_host_an_address_parser_reads_as_an_ip_is_refused(host):
+    """``ipaddress`` reads only the dotted quad, but a resolver (``inet_aton``) reads hex and
+    octal parts too: ``127.0.0.0x1`` is 127.0.0.1. A name that ends in such a number is an
+    IP literal in disguise, and used to be accepted as a DNS name."""
+    with pytest.raises(EgressInvalid) as refused:
+        egress_parse([{**GOOD, "host": host}])
+    (problem,) = refused.value.details["egress[0].host"]
+    assert "IP addresses are not allowed" in problem
+
+
+@pytest.mark.spec("MCP-2")
 @pytest.mark.parametrize(
     ("raw", "path", "words"),
     [
