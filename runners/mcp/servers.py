@@ -212,6 +212,9 @@ class DockerMcpServers:
                 workspace=workspace,
                 start_timeout=self.start_timeout,
             ) as (session, _init, _container):
+                # Ended while it started (``call`` checked before): no relay is there for
+                # the end to stop, so it is refused here, before its call.
+                refuse_ended_risk(pinned["profile"], self.risk_ended)
                 return await call_pinned(session, pinned, tool, arguments, timeout_s=timeout_s)
 
         try:
@@ -257,6 +260,10 @@ class DockerMcpServers:
                 client.close()
             if not self._make_room(root, keep=name):
                 return None
+            # The acceptance a bridged profile names may have ended since ``call`` checked it
+            # (the ``mcp.risk.end`` came while this call waited for the lock or made room):
+            # nothing starts under it now.
+            refuse_ended_risk(pinned["profile"], self.risk_ended)
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(mode=0o700)
             spec = {
@@ -270,6 +277,14 @@ class DockerMcpServers:
             }
             (directory / "spec.json").write_text(json.dumps(spec))
             self._spawn(directory)
+            # And once it runs: an end recorded while it started found no relay to stop
+            # (``end_risk_acceptance`` records the end first, then stops the relays it sees),
+            # so one of the two always sees the other, and no bridged server outlives it.
+            try:
+                refuse_ended_risk(pinned["profile"], self.risk_ended)
+            except McpStartFailed:
+                _kill_relay(directory)
+                raise
             return sock
 
     def _spawn(self, directory: Path) -> None:

@@ -1484,6 +1484,49 @@ def test_an_ended_risk_acceptance_stops_the_bridged_servers_started_under_it(
 
 
 @pytest.mark.spec("MCP-4")
+@pytest.mark.parametrize(
+    ("thread", "checks_before_the_end"),
+    [
+        ("thr_waiting", 1),  # ended while the call waited for the server's lock
+        ("thr_starting", 2),  # ended while its warm server started
+        (None, 1),  # ended while a throwaway server started
+    ],
+)
+def test_a_risk_acceptance_that_ends_while_a_call_starts_its_server_leaves_no_network(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    thread: str | None,
+    checks_before_the_end: int,
+) -> None:
+    """A call checked its bridged profile's acceptance once, before starting a server. An
+    ``mcp.risk.end`` that came after that check (while the call waited, or while the server
+    started) found no server to stop, and the new one kept the network until its idle
+    timeout. The end is looked at again before and after the start."""
+    checks = {"n": 0}
+
+    def risk_ended(acceptance: str) -> bool:
+        checks["n"] += 1
+        return checks["n"] > checks_before_the_end
+
+    servers.risk_ended = risk_ended
+    tools = listed(make_profile(server_image), project_workspace)
+    with pytest.raises(McpStartFailed, match="has ended"):
+        call(
+            servers,
+            pin(bridged_profile(server_image, RISK), tools["interfaces"]),
+            "interfaces",
+            {},
+            project=project,
+            thread=thread,
+            workspace=project_workspace,
+        )
+    assert _server_containers(engine, project) == []
+
+
+@pytest.mark.spec("MCP-4")
 def test_a_bridged_server_stops_when_its_risk_acceptance_lapses_without_being_told(
     server_image: str,
     servers: DockerMcpServers,
