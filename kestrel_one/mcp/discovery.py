@@ -462,14 +462,17 @@ def tools_record(server: McpServer, listed_tools: list, *, now) -> dict[str, lis
 # --- ingesting a runner's report ------------------------------------------------------------
 
 
-def _last_done_image(server: McpServer) -> str | None:
+def _last_done_checked(server: McpServer) -> tuple[str | None, str | None]:
+    """The image id and the reference the server's last successful discovery checked (a
+    discovery recorded before references were kept names none: nothing is taken as checked)."""
     done = (
         McpDiscovery.objects.filter(server=server, state=McpDiscovery.State.DONE)
         .order_by("-finished_at", "-pk")
         .values_list("summary", flat=True)
         .first()
     )
-    return (done or {}).get("image") if done is not None else None
+    done = done or {}
+    return done.get("image"), done.get("reference")
 
 
 def _discovery_fail(discovery: McpDiscovery, server: McpServer, error: dict, *, actor) -> None:
@@ -484,10 +487,13 @@ def _discovery_fail(discovery: McpDiscovery, server: McpServer, error: dict, *, 
     McpDiscovery.objects.filter(pk=discovery.pk, state=McpDiscovery.State.PENDING).update(
         state=McpDiscovery.State.FAILED, error=error, finished_at=now
     )
+    # A refresh of what was checked already: the image id and the reference it was checked
+    # against (a new reference of the same digest was never checked, and a failure to check
+    # it leaves the server failed, not ready under a name nobody verified).
     refresh = (
         server.discovered_at is not None
         and bool(server.image_id)
-        and _last_done_image(server) == server.image_id
+        and _last_done_checked(server) == (server.image_id, server.reference)
     )
     newest = _is_newest(discovery)
     if server.state != McpServer.State.REMOVED and newest:
@@ -589,6 +595,7 @@ def _record_report(discovery: McpDiscovery, server: McpServer, runner: Runner, r
     recorded = {
         **summary,
         "image": image,
+        "reference": server.reference,
         "tools": len(report.tools),
         "server_info": json_storable(utf8_encodable(dict(server_info))) if server_info else None,
     }

@@ -474,7 +474,9 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
         "limits": dict(server.limits),
     }
     changed = {key: after[key] for key in after if after[key] != before[key]}
-    rediscover = bool({"image_id", "command"} & set(changed))
+    # A new reference is discovered again even for the same digest: the discovery is what
+    # checks that the image is from the repository the reference names (mcp_image_mismatch).
+    rediscover = bool({"reference", "image_id", "command"} & set(changed))
     if rediscover:
         server.state = McpServer.State.DISCOVERING
         server.error = None

@@ -248,6 +248,25 @@ def test_patching_egress_approves_it_and_a_new_image_voids_it(world):
     assert cleared.json()["network"]["egress"] == "none"
 
 
+@pytest.mark.spec("MCP-1", "MCP-4")
+def test_a_new_reference_to_the_same_digest_is_discovered_again(world):
+    """The discovery checks that the image is from the repository its reference names. A
+    PATCH naming another repository with the same digest started none, so the server showed
+    a name nobody checked (the one a person reads before accepting a risk for it)."""
+    admin = world["admin"].client()
+    server = installed(admin, world)
+    discovered(server["id"], ECHO)
+    renamed = admin.patch(
+        f"{URL}/{server['id']}", {"image": f"library/trusted@sha256:{DIGEST}"}, format="json"
+    )
+    assert renamed.status_code == 200, renamed.content
+    body = renamed.json()
+    assert body["image"] == f"library/trusted@sha256:{DIGEST}"
+    assert body["image_id"] == f"sha256:{DIGEST}"
+    assert body["state"] == "discovering"
+    assert McpDiscovery.objects.filter(server__public_id=server["id"]).count() == 2
+
+
 def test_a_managed_servers_image_command_and_workspace_cannot_be_patched(world):
     admin = world["admin"].client()
     server = installed(admin, world, name="files", image=None, managed="filesystem")

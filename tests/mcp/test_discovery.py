@@ -616,6 +616,27 @@ def test_a_failed_refresh_keeps_the_recorded_tools(
     assert server.tools.get(name="echo").state == McpTool.State.ENABLED
 
 
+@pytest.mark.spec("MCP-1")
+def test_a_failed_check_of_a_new_reference_fails_the_server(
+    started, runner, runner_key, sent, django_capture_on_commit_callbacks
+):
+    """A failed discovery of the image its tools were recorded from keeps a server ready.
+    One of a new reference to the same digest used to count as that too, so a server whose
+    image is not from the repository it now names (``mcp_image_mismatch``) stayed ready
+    under that name."""
+    server, discovery, _ = started
+    discovery_ingest(report(discovery, runner, runner_key, tools=[ECHO]))
+    McpServer.objects.filter(pk=server.pk).update(
+        reference=f"library/trusted@{IMAGE}", state=McpServer.State.DISCOVERING
+    )
+    server.refresh_from_db()
+    again, _ = start(server, sent, django_capture_on_commit_callbacks)
+    error = {"code": "mcp_image_mismatch", "message": "not from library/trusted"}
+    assert discovery_ingest(report(again, runner, runner_key, error=error)) == "failed"
+    server.refresh_from_db()
+    assert server.state == McpServer.State.FAILED and server.error == error
+
+
 def test_a_custom_server_must_run_the_digest_installed(started, runner, runner_key):
     server, discovery, _ = started
     other = "sha256:" + "99" * 32
