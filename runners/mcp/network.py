@@ -9,6 +9,13 @@ INPUT chain on the bridge's interface), and forwarded traffic to the link-local 
 Docker's port publishing (DOCKER-USER, by the original destination). The rules are checked, and
 installed when missing, before every start of such a server; if that cannot be done the
 server does not start (``McpStartFailed``): never a bridge without them.
+
+Inter-container traffic off is Docker's rule for the bridge (``enable_icc``), but two
+containers of one bridge talk through the bridge itself, not the host's routing: the kernel
+shows those frames to iptables only while ``net.bridge.bridge-nf-call-iptables`` is 1 (the
+br_netfilter module). Without it that rule never applies, and two servers (of two
+organizations, on a shared runner) reach each other; so it is checked before every start
+too.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -28,6 +36,9 @@ __all__ = ["BRIDGE_INTERFACE", "OPEN_NETWORK", "ensure_open_network", "host_bloc
 
 OPEN_NETWORK = "kestrel-mcp-open"
 BRIDGE_INTERFACE = "kestrel-mcp0"
+# Whether bridged frames pass through iptables (br_netfilter), in the runner's own, the
+# host's, network namespace.
+BRIDGE_NETFILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 _OPTIONS = {
     "com.docker.network.bridge.enable_icc": "false",
     "com.docker.network.bridge.name": BRIDGE_INTERFACE,
@@ -67,8 +78,27 @@ def ensure_open_network(client: Any) -> str:
     ]
     if not gateways:
         raise McpStartFailed(f"bridge networking refused: {OPEN_NETWORK} has no gateway address")
+    _require_bridge_netfilter()
     _install(host_block_rules(gateways, _host_addresses()))
     return OPEN_NETWORK
+
+
+def _require_bridge_netfilter() -> None:
+    """``McpStartFailed`` unless the kernel filters bridged frames (see the module's
+    docstring): inter-container traffic off is a rule that would otherwise never apply."""
+    try:
+        value = BRIDGE_NETFILTER.read_text().strip()
+    except OSError:
+        value = None
+    if value != "1":
+        state = (
+            "is not loaded" if value is None else f"filters nothing ({BRIDGE_NETFILTER} is {value})"
+        )
+        raise McpStartFailed(
+            f"bridge networking refused: the kernel's bridge netfilter (br_netfilter) {state}, "
+            "so servers on the bridge would reach each other (modprobe br_netfilter; sysctl "
+            "net.bridge.bridge-nf-call-iptables=1)"
+        )
 
 
 def host_block_rules(gateways: list[str], host_addresses: list[str]) -> list[list[str]]:

@@ -1,0 +1,78 @@
+"""The open network's preconditions (runners.mcp.network), without an engine: what makes
+``ensure_open_network`` refuse a bridge, so a bridged server never starts unprotected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import pytest
+
+from runners.mcp import network
+from runners.mcp.errors import McpStartFailed
+from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, ensure_open_network
+
+
+class _Network:
+    attrs = {
+        "Driver": "bridge",
+        "Options": {
+            "com.docker.network.bridge.enable_icc": "false",
+            "com.docker.network.bridge.name": BRIDGE_INTERFACE,
+        },
+        "EnableIPv6": False,
+        "IPAM": {"Config": [{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"}]},
+    }
+
+
+class _Networks:
+    def get(self, name: str) -> _Network:
+        assert name == OPEN_NETWORK
+        return _Network()
+
+
+class _Engine:
+    networks = _Networks()
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The rules ensure_open_network would install (nothing reaches the host's firewall)."""
+    rules: list[list[str]] = []
+    monkeypatch.setattr(network, "_host_addresses", lambda: ["192.0.2.2"])
+    monkeypatch.setattr(network, "_install", rules.extend)
+    return rules
+
+
+def bridge_netfilter(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str | None) -> None:
+    path = tmp_path / "bridge-nf-call-iptables"
+    if value is not None:
+        path.write_text(value + "\n")
+    monkeypatch.setattr(network, "BRIDGE_NETFILTER", path, raising=False)
+
+
+@pytest.mark.spec("MCP-4")
+@pytest.mark.parametrize(("value", "words"), [("0", "filters nothing"), (None, "is not loaded")])
+def test_a_bridge_whose_frames_the_kernel_does_not_filter_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    installed: list[list[str]],
+    value: str | None,
+    words: str,
+) -> None:
+    """Inter-container traffic off is a FORWARD rule, which frames between two containers of
+    one bridge meet only while net.bridge.bridge-nf-call-iptables is 1. At 0 two bridged
+    servers (of two organizations, on a shared runner) reached each other, and a server was
+    started on the bridge all the same."""
+    bridge_netfilter(monkeypatch, tmp_path, value)
+    with pytest.raises(McpStartFailed, match="br_netfilter") as refused:
+        ensure_open_network(_Engine())
+    assert words in str(refused.value)
+    assert installed == []
+
+
+@pytest.mark.spec("MCP-4")
+def test_a_bridge_the_kernel_filters_gets_its_host_rules(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, installed: list[list[str]]
+) -> None:
+    bridge_netfilter(monkeypatch, tmp_path, "1")
+    assert ensure_open_network(_Engine()) == OPEN_NETWORK
+    assert ["INPUT", "-i", BRIDGE_INTERFACE, "-j", "DROP"] in installed
