@@ -57,6 +57,7 @@ from runners.mcp.errors import (
     McpTimeout,
     McpToolChanged,
 )
+from runners.mcp import network as network_module
 from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, host_block_rules
 from runners.mcp.servers import DockerMcpServers, reap_mcp_call
 from runners.mcp.session import (
@@ -1305,16 +1306,25 @@ def test_a_bridged_server_gets_the_open_network_with_the_host_blocked(
     for rule in rules:
         check = subprocess.run(["iptables", "-w", "5", "-C", *rule], capture_output=True)
         assert check.returncode == 0, f"missing: {rule}"
-    # From inside: a connection to the gateway is dropped (no answer), never refused.
+    # From inside: a connection to the gateway, or to any other address of the host (the
+    # docker0 address, its own interfaces), is dropped (no answer), never refused. Its
+    # loopback is the container's own.
+    host = sorted(a for a in network_module._host_addresses() if not a.startswith("127."))
     probe = (
         "import socket,sys\n"
-        "s=socket.socket(); s.settimeout(3)\n"
-        f"try:\n s.connect(('{gateway}', 22)); print('connected')\n"
-        "except TimeoutError: print('dropped')\n"
-        "except OSError as e: print('answered', e)\n"
+        "for address in sys.argv[1:]:\n"
+        " s=socket.socket(); s.settimeout(2)\n"
+        " try:\n  s.connect((address, 22)); print(address, 'connected')\n"
+        " except TimeoutError: print(address, 'dropped')\n"
+        " except OSError as e: print(address, 'answered', e)\n"
+        "print('ipv6', repr(open('/proc/net/if_inet6').read()))\n"
     )
-    seen = engine.containers.get(container.id).exec_run(["python3", "-c", probe])
-    assert seen.output.decode().strip() == "dropped"
+    addresses = [gateway, *host]
+    seen = engine.containers.get(container.id).exec_run(["python3", "-c", probe, *addresses])
+    assert seen.output.decode().splitlines() == [
+        *(f"{address} dropped" for address in addresses),
+        "ipv6 ''",  # no IPv6 address at all, not even a link-local one
+    ]
 
 
 def runner_of(
