@@ -126,9 +126,14 @@ PROFILE_SCHEMA: dict[str, Any] = {
         "risk_acceptance",
         "limits",
     ],
-    # ``risk_expires_at`` with ``bridge``, and only then.
+    # ``risk_expires_at`` with ``bridge``, and only then; and ``bridge`` only for a custom
+    # server, whose reference is pinned by digest (a managed server's is its image's tag and
+    # never gets a network, MCP-4): the runner refuses one the control plane should never sign.
     "if": {"properties": {"network": {"const": "bridge"}}},
-    "then": {"required": ["risk_expires_at"]},
+    "then": {
+        "required": ["risk_expires_at"],
+        "properties": {"reference": {"pattern": "@sha256:[0-9a-f]{64}$"}},
+    },
     "else": {"not": {"required": ["risk_expires_at"]}},
 }
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 import pytest
 
+from runners.contract.errors import InvalidArguments
+from runners.contract.mcp import DEFAULT_LIMITS, MANAGED_SERVERS, profile_digest
+from runners.contract.registry import validate_args
 from runners.mcp import network
 from runners.mcp.errors import McpStartFailed
 from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, ensure_open_network
@@ -76,3 +79,38 @@ def test_a_bridge_the_kernel_filters_gets_its_host_rules(
     bridge_netfilter(monkeypatch, tmp_path, "1")
     assert ensure_open_network(_Engine()) == OPEN_NETWORK
     assert ["INPUT", "-i", BRIDGE_INTERFACE, "-j", "DROP"] in installed
+
+
+def _call_args(reference: str) -> dict:
+    """mcp.call's arguments, admitted and pinned, under a risk acceptance (``bridge``)."""
+    profile = {
+        "server": "mcp_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        "reference": reference,
+        "image": "sha256:" + "a" * 64,
+        "command": [],
+        "workspace": "none",
+        "network": "bridge",
+        "risk_acceptance": "rsk_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+        "risk_expires_at": 2_000_000_000,
+        "limits": dict(DEFAULT_LIMITS),
+    }
+    pinned = {
+        "name": "clock",
+        "profile": profile,
+        "profile_sha256": profile_digest(profile),
+        "tool_sha256": "b" * 64,
+        "dangerous": False,
+    }
+    return {"server": profile["server"], "tool": "now", "arguments": {}, "pinned": pinned}
+
+
+@pytest.mark.spec("MCP-4")
+def test_a_managed_servers_profile_is_never_bridged_even_signed() -> None:
+    """Only the control plane kept a managed server off the network in a call: the runner
+    took a signed bridged profile of a managed image (its reference a tag, never a digest)
+    as it came. It now refuses it, as it refuses such a discovery."""
+    custom = _call_args("kestrel-test/clock@sha256:" + "a" * 64)
+    assert validate_args("mcp.call", custom) == custom
+    with pytest.raises(InvalidArguments) as refused:
+        validate_args("mcp.call", _call_args(MANAGED_SERVERS["time"]["image"]))
+    assert refused.value.field == "args.pinned.profile.reference"
