@@ -50,6 +50,7 @@ from runners.contract.tokens import (
     verify_result,
 )
 from runners.dispatch import run_verified
+from runners.mcp import network as network_module
 from runners.mcp.errors import (
     McpImageMissing,
     McpProtocolError,
@@ -57,7 +58,6 @@ from runners.mcp.errors import (
     McpTimeout,
     McpToolChanged,
 )
-from runners.mcp import network as network_module
 from runners.mcp.network import BRIDGE_INTERFACE, OPEN_NETWORK, host_block_rules
 from runners.mcp.servers import DockerMcpServers, reap_mcp_call
 from runners.mcp.session import (
