@@ -7,9 +7,10 @@ with the same messages, each at its field's path.
 Binding (MCP-2, MCP-4): an egress allowlist is approved, by authoring it, for the server's
 image id and base profile at that moment (``egress_image_id``/``egress_profile_sha256``);
 a risk acceptance is made for them too. Changing the image, command, workspace or limits
-changes the base profile, so both stop applying by themselves (``egress: "void"``, the
-acceptance ``void``) until an admin decides again. Nothing here ever opens a network: that
-is ``profiles.server_profile``, under a risk acceptance in force only.
+changes the base profile, so both stop applying (``egress: "void"``, the acceptance
+``void``), for good: changing the server back revives neither, only an admin's new decision
+does. Nothing here ever opens a network: that is ``profiles.server_profile``, under a risk
+acceptance in force only.
 """
 
 from __future__ import annotations
@@ -442,6 +443,7 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
             )
     now = timezone.now()
     bridging = _bridging(server)
+    granted = egress_status(server) == EGRESS_AWAITING_GATEWAY
     before = {
         "reference": server.reference,
         "image_id": server.image_id,
@@ -480,12 +482,20 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
     if rediscover:
         server.state = McpServer.State.DISCOVERING
         server.error = None
+    egress_voided = (
+        entries is None and granted and egress_status(server) != EGRESS_AWAITING_GATEWAY
+    )
     if entries is not None:
         _bind_egress(server, entries, actor, now, approving=widens)
+    elif egress_voided:
+        # Void for good, as a risk acceptance: changing the server back must not bring back
+        # a grant only a person may make (whoever may change limits need not be one).
+        server.egress_image_id = ""
+        server.egress_profile_sha256 = ""
     server.save()
     discovery = discovery_start(server=server, requested_by=_user(actor)) if rediscover else None
     data: dict[str, Any] = {"changed": changed, "before": {k: before[k] for k in changed}}
-    if entries is not None:
+    if entries is not None or egress_voided:
         data["egress"] = _egress_record(server)
     data["discovery"] = discovery.public_id if discovery is not None else None
     voided = _risk_void(server, bridging)

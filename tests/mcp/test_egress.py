@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from kestrel_one.audit.models import AuditRecord
 from kestrel_one.mcp.egress import MAX_EGRESS_ENTRIES, EgressInvalid, egress_parse
 from kestrel_one.mcp.models import McpServer
 from kestrel_one.mcp.profiles import server_profile
@@ -221,3 +222,29 @@ def test_only_a_person_approves_an_egress_entry_the_grant_does_not_hold(world):
     approved = admin.patch(path, {"egress": [GOOD, added]}, format="json")
     assert approved.status_code == 200, approved.content
     assert approved.json()["network"]["egress"] == "awaiting_gateway"
+
+
+@pytest.mark.spec("MCP-2")
+def test_changing_the_server_back_does_not_revive_a_voided_egress_grant(world):
+    """A new profile voids the grant until an admin saves the entries again. It used to be
+    void only while the server differed from what it was approved for: a token holding
+    ``mcp:write``, which cannot approve an entry, changed the limits back and the grant was
+    in force again, without anyone saving it."""
+    admin = world["admin"].client()
+    server = installed(admin, world, egress=[GOOD])
+    discovered(server["id"], ECHO)
+    detail = f"{URL}/{server['id']}"
+    assert admin.get(detail).json()["network"]["egress"] == "awaiting_gateway"
+    deployer = APIClient(
+        REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Bearer {deployer_token(world)}"
+    )
+    memory_mb = admin.get(detail).json()["limits"]["memory_mb"]
+    for limit in (memory_mb * 2, memory_mb):
+        changed = deployer.patch(detail, {"limits": {"memory_mb": limit}}, format="json")
+        assert changed.status_code == 200, changed.content
+        assert changed.json()["network"]["egress"] == "void"
+    voiding = AuditRecord.objects.filter(action="mcp.update").order_by("pk").first()
+    assert voiding.data["egress"]["status"] == "void"
+    # Only a person saving the entries again approves them.
+    resaved = admin.patch(detail, {"egress": [GOOD]}, format="json")
+    assert resaved.json()["network"]["egress"] == "awaiting_gateway"
