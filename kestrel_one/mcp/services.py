@@ -482,9 +482,7 @@ def mcp_server_update(*, actor, server: McpServer, changes: dict[str, Any]) -> M
     if rediscover:
         server.state = McpServer.State.DISCOVERING
         server.error = None
-    egress_voided = (
-        entries is None and granted and egress_status(server) != EGRESS_AWAITING_GATEWAY
-    )
+    egress_voided = entries is None and granted and egress_status(server) != EGRESS_AWAITING_GATEWAY
     if entries is not None:
         _bind_egress(server, entries, actor, now, approving=widens)
     elif egress_voided:
