@@ -15,7 +15,8 @@ containers of one bridge talk through the bridge itself, not the host's routing:
 shows those frames to iptables only while ``net.bridge.bridge-nf-call-iptables`` is 1 (the
 br_netfilter module). Without it that rule never applies, and two servers (of two
 organizations, on a shared runner) reach each other; so it is checked before every start
-too.
+too. Both the rules and that setting are the runner's own network namespace's: it must be
+the engine host's, where the bridge's interface is, which is checked first.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ __all__ = ["BRIDGE_INTERFACE", "OPEN_NETWORK", "ensure_open_network", "host_bloc
 
 OPEN_NETWORK = "kestrel-mcp-open"
 BRIDGE_INTERFACE = "kestrel-mcp0"
-# Whether bridged frames pass through iptables (br_netfilter), in the runner's own, the
-# host's, network namespace.
+# The bridge's interface as the runner's network namespace sees it: there only when the
+# runner shares the engine host's, where the rules it installs guard the bridge.
+BRIDGE_DEVICE = Path("/sys/class/net") / BRIDGE_INTERFACE
+# Whether bridged frames pass through iptables (br_netfilter), in that same namespace.
 BRIDGE_NETFILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
 _OPTIONS = {
     "com.docker.network.bridge.enable_icc": "false",
@@ -78,6 +81,14 @@ def ensure_open_network(client: Any) -> str:
     ]
     if not gateways:
         raise McpStartFailed(f"bridge networking refused: {OPEN_NETWORK} has no gateway address")
+    if not BRIDGE_DEVICE.exists():
+        # A runner in a container of its own network namespace would install every rule
+        # (and read every "host" address) there, where no packet of the bridge passes.
+        raise McpStartFailed(
+            f"bridge networking refused: the bridge's interface {BRIDGE_INTERFACE} is not in "
+            "this runner's network namespace, so the firewall rules would not guard it; run "
+            "the runner on the engine's host (a container of it needs --network=host)"
+        )
     _require_bridge_netfilter()
     _install(host_block_rules(gateways, _host_addresses()))
     return OPEN_NETWORK

@@ -38,8 +38,13 @@ class _Engine:
 
 
 @pytest.fixture
-def installed(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The rules ensure_open_network would install (nothing reaches the host's firewall)."""
+def installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]:
+    """The rules ensure_open_network would install (nothing reaches the host's firewall),
+    in a namespace that has the bridge's interface and filters bridged frames."""
+    device = tmp_path / BRIDGE_INTERFACE
+    device.mkdir()
+    monkeypatch.setattr(network, "BRIDGE_DEVICE", device, raising=False)
+    bridge_netfilter(monkeypatch, tmp_path, "1")
     rules: list[list[str]] = []
     monkeypatch.setattr(network, "_host_addresses", lambda: ["192.0.2.2"])
     monkeypatch.setattr(network, "_install", rules.extend)
@@ -48,7 +53,9 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
 def bridge_netfilter(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str | None) -> None:
     path = tmp_path / "bridge-nf-call-iptables"
-    if value is not None:
+    if value is None:
+        path.unlink(missing_ok=True)
+    else:
         path.write_text(value + "\n")
     monkeypatch.setattr(network, "BRIDGE_NETFILTER", path, raising=False)
 
@@ -74,10 +81,21 @@ def test_a_bridge_whose_frames_the_kernel_does_not_filter_is_refused(
 
 
 @pytest.mark.spec("MCP-4")
-def test_a_bridge_the_kernel_filters_gets_its_host_rules(
+def test_a_runner_that_does_not_see_the_bridge_installs_no_rules_and_starts_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, installed: list[list[str]]
 ) -> None:
-    bridge_netfilter(monkeypatch, tmp_path, "1")
+    """A runner in a container with a network namespace of its own (a documented way to run
+    one: --pid=host, not --network=host) installed the host rules in its own namespace,
+    where iptables takes them without a word, and started the server on an unguarded
+    bridge: the Docker host and the metadata service reachable."""
+    monkeypatch.setattr(network, "BRIDGE_DEVICE", tmp_path / "absent", raising=False)
+    with pytest.raises(McpStartFailed, match="not in this runner's network namespace"):
+        ensure_open_network(_Engine())
+    assert installed == []
+
+
+@pytest.mark.spec("MCP-4")
+def test_a_bridge_the_kernel_filters_gets_its_host_rules(installed: list[list[str]]) -> None:
     assert ensure_open_network(_Engine()) == OPEN_NETWORK
     assert ["INPUT", "-i", BRIDGE_INTERFACE, "-j", "DROP"] in installed
 
