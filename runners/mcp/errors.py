@@ -21,6 +21,7 @@ __all__ = [
     "McpListTooLong",
     "McpProtocolError",
     "McpStartFailed",
+    "McpStdoutRefused",
     "McpTimeout",
     "McpToolChanged",
     "McpUnavailable",
@@ -61,6 +62,12 @@ class McpProtocolError(McpError):
 class McpListTooLong(McpProtocolError):
     """The server lists more than the bounds (tools, pages or bytes): not a server that
     stopped answering, so another server of the same image would list the same."""
+
+
+class McpStdoutRefused(McpProtocolError):
+    """The server wrote what its session cannot take on its stdout (a line past the bound,
+    bytes that are not UTF-8: runners/mcp/line_bound.py), which ended the session: not a
+    server that stopped answering, so another server of the same image would do the same."""
 
 
 class McpTimeout(McpError):

@@ -52,7 +52,7 @@ import anyio.abc
 import docker
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from runners.mcp.errors import McpError, McpListTooLong, McpProtocolError
+from runners.mcp.errors import McpError, McpListTooLong, McpProtocolError, McpStdoutRefused
 from runners.mcp.servers import owner_labels
 from runners.mcp.session import (
     ENGINE_ERRORS,
@@ -229,9 +229,10 @@ class Relay:
                 deadline = anyio.current_time() + timeout
                 try:
                     tools = await list_tools(self.session, timeout_s=timeout)
-                except McpListTooLong:
-                    # The server answers, with a list past the bounds: another server of the
-                    # same image would list the same, so the call fails here.
+                except (McpListTooLong, McpStdoutRefused):
+                    # The server answers, with a list past the bounds or what its session
+                    # cannot take: another server of the same image would do the same, so
+                    # the call fails here.
                     raise
                 except McpProtocolError:
                     # The server no longer answers: nothing was sent to it. Another relay,

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -46,6 +47,7 @@ from runners.mcp.errors import (
     McpListTooLong,
     McpProtocolError,
     McpStartFailed,
+    McpStdoutRefused,
     McpTimeout,
     McpToolChanged,
     McpUnavailable,
@@ -359,10 +361,25 @@ class ServerSession(ClientSession):
     (``bounded_result``), then redacted and flagged by the control plane, never obeyed, so
     nothing on the runner relies on that check."""
 
-    def __init__(self, read_stream: Any, write_stream: Any) -> None:
+    def __init__(
+        self, read_stream: Any, write_stream: Any, *, refusals: Path | None = None
+    ) -> None:
         super().__init__(
             dispatcher=JSONRPCDispatcher(read_stream, write_stream, inline_methods=_EveryMethod())
         )
+        self.refusals = refusals
+
+    def stdout_refused(self) -> McpStdoutRefused | None:
+        """Why ``line_bound.py`` ended the session, if it did (``refusals``: the runner's
+        file it writes its reason to, before the session sees the end of stdout)."""
+        if self.refusals is None:
+            return None
+        try:
+            with self.refusals.open(encoding="utf-8", errors="replace") as told:
+                reason = told.read(500)
+        except OSError:
+            return None
+        return McpStdoutRefused(f"{reason}; its session is ended") if reason else None
 
     async def validate_tool_result(self, name: str, result: mcp_types.CallToolResult) -> None:
         return None
@@ -433,22 +450,27 @@ async def server_session(
         name: os.environ[name] for name in ("DOCKER_HOST", "DOCKER_CONFIG") if name in os.environ
     }
     attach = [cli, "start", "--attach", "--interactive", container_id]
+    # Why line_bound.py ends the session, if it does: a file of the runner's (the server's
+    # own output never reaches it), read when a request fails.
+    reason_fd, reason_path = tempfile.mkstemp(prefix="kestrel-mcp-stdout-")
+    os.close(reason_fd)
+    refusals = Path(reason_path)
+    bound = ["--max-line", str(MAX_LINE_BYTES), "--reason", reason_path]
     params = StdioServerParameters(
-        command=sys.executable,
-        args=["-I", str(LINE_BOUND), "--max-line", str(MAX_LINE_BYTES), "--", *attach],
-        env=env,
+        command=sys.executable, args=["-I", str(LINE_BOUND), *bound, "--", *attach], env=env
     )
     initialized = False
     with StderrTail(STDERR_TAIL_CHARS) as errlog:
         try:
             async with stdio_client(params, errlog=errlog.file) as (read, write):
-                async with ServerSession(read, write) as session:
+                async with ServerSession(read, write, refusals=refusals) as session:
                     try:
                         with anyio.fail_after(start_timeout):
                             init = await session.initialize()
                     except Exception as error:
+                        why = session.stdout_refused() or _describe(error)
                         raise McpStartFailed(
-                            f"the server did not initialize ({_describe(error)}); its stderr "
+                            f"the server did not initialize ({why}); its stderr "
                             f"ends: {errlog.text()!r}"
                         ) from None
                     initialized = True
@@ -470,6 +492,7 @@ async def server_session(
             raise
         finally:
             remove_container(client, container_id)
+            refusals.unlink(missing_ok=True)
 
 
 def _wrapped(error: BaseException, kind: type[McpError]) -> McpError | None:
@@ -569,8 +592,15 @@ async def list_tools(session: ClientSession, *, timeout_s: float) -> list[dict[s
     except McpProtocolError:
         raise
     except Exception as error:
-        raise McpProtocolError(f"tools/list failed: {_describe(error)}") from None
+        raise _refused(session) or McpProtocolError(
+            f"tools/list failed: {_describe(error)}"
+        ) from None
     raise McpListTooLong(f"the server's tool list has more than {MAX_TOOLS} pages")
+
+
+def _refused(session: ClientSession) -> McpStdoutRefused | None:
+    """Why the session's stdout was refused, when a request of it failed for that."""
+    return session.stdout_refused() if isinstance(session, ServerSession) else None
 
 
 def check_pinned(tools: list[dict[str, Any]], *, server: str, tool: str, tool_sha256: str) -> None:
@@ -626,7 +656,9 @@ async def call_pinned_checked(
             "(its tool list checked first)"
         ) from None
     except Exception as error:
-        raise McpProtocolError(f"tools/call failed: {_describe(error)}") from None
+        raise _refused(session) or McpProtocolError(
+            f"tools/call failed: {_describe(error)}"
+        ) from None
     return bounded_result(server, tool, result)
 
 

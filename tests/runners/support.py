@@ -62,12 +62,17 @@ def worker_environment(config: RunnerConfig) -> dict[str, str]:
     return env
 
 
-def plain_mcp_server(name: str, on_call: str, *, setup: str = "") -> str:
+_LIST = """\
+        send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})"""
+
+
+def plain_mcp_server(name: str, on_call: str, *, setup: str = "", on_list: str = _LIST) -> str:
     """The Python source of an MCP server written with no SDK (plain JSON-RPC on stdio), for
     the tests that need a server to misbehave in ways the SDK would not let it: one tool
     ``name``, the 2025-11-25 handshake, ``{}`` for any other request, and ``on_call`` (code
     run for ``tools/call``, with ``send``, ``message`` and ``ident`` at hand, indented by 8
-    spaces) after ``setup`` (module-level lines, such as ``MARKER = sys.argv[1]``)."""
+    spaces) after ``setup`` (module-level lines, such as ``MARKER = sys.argv[1]``);
+    ``on_list`` likewise for ``tools/list`` (by default the one tool, ``TOOL``)."""
     tool = {"name": name, "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
     info = {"name": name, "version": "1"}
     return f"""
@@ -85,7 +90,7 @@ for line in sys.stdin:
         send({{"jsonrpc": "2.0", "id": ident, "result": {{"protocolVersion": version,
               "capabilities": {{"tools": {{}}}}, "serverInfo": INFO}}}})
     elif method == "tools/list":
-        send({{"jsonrpc": "2.0", "id": ident, "result": {{"tools": [TOOL]}}}})
+{on_list}
     elif method == "tools/call":
 {on_call}
     elif ident is not None:

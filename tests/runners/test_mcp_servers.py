@@ -1801,3 +1801,119 @@ def test_a_bounded_result_of_any_text_comes_back_from_a_warm_server(
         assert set(block["text"]) == {"\U0001f600"}
         assert len(canonical_json(answer["content"])) <= 4 * MAX_OUTPUT_CHARS
         assert answer["structured_content"] == {"text": "\U0001f600" * 60_000}
+
+
+# A server (plain JSON-RPC) that answers with bytes that are not UTF-8 and keeps its stdout
+# open: in its call's answer, or, while /workspace/.bad-list exists, in its tool list. The
+# secret is in the answer, next to the bad bytes.
+_NOT_UTF_8 = plain_mcp_server(
+    "latin",
+    """\
+        bad = b'{"jsonrpc": "2.0", "id": ' + json.dumps(ident).encode()
+        sys.stdout.buffer.write(bad + b', "result": {"content": [{"type": "text", '
+                                b'"text": "SECRET \\xe9t\\xe9"}]}}\\n')
+        sys.stdout.flush()
+        time.sleep(600)""",
+    setup="import os",
+    on_list="""\
+        if not os.path.exists("/workspace/.bad-list"):
+            send({"jsonrpc": "2.0", "id": ident, "result": {"tools": [TOOL]}})
+        else:
+            sys.stdout.buffer.write(b'{"jsonrpc": "2.0", "id": ' + json.dumps(ident).encode()
+                                    + b', "result": {"tools": [], "x": "\\xff"}}\\n')
+            sys.stdout.flush()""",
+)
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_server_writing_bytes_that_are_not_utf_8_fails_the_call_as_a_protocol_error(
+    server_image: str,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+    runner_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK's reader decodes stdout as strict UTF-8 and dies at the first byte that is
+    not, but only once the server closes its stdout: a server that keeps it open held the
+    call for its whole timeout (``mcp_timeout``), and one that closed it ended the session
+    as whatever the SDK's task group raised (``internal_error``, or "Connection closed").
+    Bytes that are not UTF-8 end the session at once: ``mcp_protocol_error`` saying so,
+    nothing of what the server wrote in it, the server gone before the call fails, and no
+    other server asked to do the same."""
+    servers = _Watched(
+        engine, project, runner_id=runner_id, idle_seconds=120, max_servers=4, root=warm_root
+    )
+    profile = make_profile(server_image, command=["python3", "-c", _NOT_UTF_8])
+    pinned = pin(profile, listed(profile, project_workspace)["latin"])
+    for thread in ("thr_not_utf_8", None):  # a warm server's relay, then a throwaway server
+        servers.at_failure = None
+        with pytest.raises(McpProtocolError) as failed:
+            call(
+                servers,
+                pinned,
+                "latin",
+                {},
+                project=project,
+                thread=thread,
+                workspace=project_workspace,
+                timeout_s=120,
+            )
+        assert str(failed.value) == (
+            "the MCP server wrote bytes that are not UTF-8 on its stdout; its session is ended"
+        )
+        assert servers.at_failure == [], servers.at_failure
+    # In its tool list: the first server's answer is the call's, as for a list too long.
+    throwaway: list[str] = []
+    monkeypatch.setattr(
+        DockerMcpServers, "_call_once", lambda self, *args, **kwargs: throwaway.append("started")
+    )
+    (project_workspace / ".bad-list").write_text("")
+    with pytest.raises(McpProtocolError, match="not UTF-8"):
+        call(
+            servers,
+            pinned,
+            "latin",
+            {},
+            project=project,
+            thread="thr_not_utf_8_list",
+            workspace=project_workspace,
+            timeout_s=120,
+        )
+    assert throwaway == []
+    _wait_gone(warm_root)
+
+
+def test_a_server_writing_bytes_that_are_not_utf_8_at_its_start_fails_to_start_saying_so(
+    engine: Any, project: str, server_image: str
+) -> None:
+    profile = make_profile(server_image, workspace="none", command=["python3", "-c", _BAD_HELLO])
+    client = docker.from_env()
+
+    async def start() -> None:
+        async with server_session(
+            client, profile, labels={"project": project}, workspace=None, start_timeout=45
+        ):
+            pass
+
+    try:
+        with pytest.raises(McpStartFailed) as failed:
+            anyio.run(start)
+    finally:
+        client.close()
+    assert str(failed.value).startswith(
+        "the server did not initialize (the MCP server wrote bytes that are not UTF-8 on its "
+        "stdout; its session is ended)"
+    ), failed.value
+    assert _server_containers(engine, project) == []
+
+
+# Its answer to initialize is not UTF-8, and it keeps its stdout open.
+_BAD_HELLO = (
+    "import sys, time\n"
+    "sys.stdin.readline()\n"
+    'sys.stdout.buffer.write(b\'{"jsonrpc": "2.0", "id": 0, "result": "\\xff"}\\n\')\n'
+    "sys.stdout.flush()\n"
+    "time.sleep(600)\n"
+)
