@@ -15,7 +15,11 @@ reaches it). One line of JSON per request, one per answer:
   before the call, both within ``timeout_s``; ``{"ok": result}``, ``{"error": {"code",
   "message", "details"?}}``, or ``{"retry": true}`` when the call was not sent (the relay
   is stopping, or its server died idle): the worker then starts another relay, and gives
-  it what is left of ``timeout_s``.
+  it what is left of ``timeout_s``. Just before the call goes to the server, the relay
+  writes ``{"sending": true}`` (a line before the answer): a connection that ends before
+  that line (the relay stopped at its idle timeout as the call came, or was killed while
+  it listed) sent nothing to the server, so the worker may ask another relay; one that ends
+  after it may have run the tool, and fails the call.
 
 Calls are served one at a time. A worker that disconnects before its answer (it was
 killed) ends the server at once: its container is removed, so the call has no effect after
@@ -53,7 +57,7 @@ import docker
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from runners.mcp.errors import McpError, McpListTooLong, McpProtocolError, McpStdoutRefused
-from runners.mcp.servers import owner_labels
+from runners.mcp.servers import SENDING, owner_labels
 from runners.mcp.session import (
     ENGINE_ERRORS,
     PerKindLimit,
@@ -176,7 +180,7 @@ class Relay:
                     self.stop()
                 answer = {"ok": idle}
             elif op == "call":
-                answer = await self._call(request, reader)
+                answer = await self._call(request, stream, reader)
                 if answer is None:
                     return  # the worker is gone; so is the server
                 if self.closing and "retry" not in answer:
@@ -196,7 +200,10 @@ class Relay:
                 self.stop()
 
     async def _call(
-        self, request: dict[str, Any], reader: BufferedByteReceiveStream
+        self,
+        request: dict[str, Any],
+        stream: anyio.abc.ByteStream,
+        reader: BufferedByteReceiveStream,
     ) -> dict[str, Any] | None:
         if self.closing:
             return {"retry": True}
@@ -208,7 +215,7 @@ class Relay:
             with contextlib.suppress(OSError):
                 call_file.write_text(str(request.get("call_id", "")))
             try:
-                return await self._call_watched(request, reader)
+                return await self._call_watched(request, stream, reader)
             finally:
                 self.busy = False
                 self.last_used = time.monotonic()
@@ -217,10 +224,17 @@ class Relay:
                     os.utime(self.directory / "spec.json")
 
     async def _call_watched(
-        self, request: dict[str, Any], reader: BufferedByteReceiveStream
+        self,
+        request: dict[str, Any],
+        stream: anyio.abc.ByteStream,
+        reader: BufferedByteReceiveStream,
     ) -> dict[str, Any] | None:
         outcome: dict[str, Any] = {}
         lost = False
+
+        async def sending() -> None:
+            # Until this line the worker knows nothing went to the server (module docs).
+            await stream.send(SENDING)
 
         async def run(scope: anyio.CancelScope) -> None:
             try:
@@ -248,6 +262,7 @@ class Relay:
                     tools=tools,
                     timeout_s=timeout,
                     deadline=deadline,
+                    before_call=sending,
                 )
             except McpError as error:
                 body = {"code": error.code, "message": str(error)}

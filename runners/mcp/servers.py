@@ -79,6 +79,9 @@ RELAY_PREFIX = "mcp-"
 # the structured content within MAX_OUTPUT_CHARS bytes each), an error's details (64 KiB)
 # and the frame.
 MAX_ANSWER_BYTES = 8 * MAX_OUTPUT_CHARS + 256 * 1024
+# What a relay writes just before it sends a call to its server (runners.mcp.relay): until
+# then, a connection that ends sent nothing.
+SENDING = b'{"sending": true}\n'
 # Beyond the call's own timeout (which covers the list before it): the relay's own answer.
 ANSWER_GRACE_SECONDS = 30.0
 
@@ -411,7 +414,9 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One request to a relay and its answer. ``_Retry`` if nothing reached it."""
+    """One request to a relay and its answer. ``_Retry`` if nothing reached it, or, for a
+    call, if the connection ended before the relay said it was sending the call to its
+    server (``SENDING``): then nothing was, and another relay may take it."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.settimeout(10)
@@ -422,23 +427,25 @@ def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
             raise _Retry from None
         connection.settimeout(timeout)
         data = b""
+        calling, sent = request["op"] == "call", False
         try:
             while not data.endswith(b"\n"):
                 chunk = connection.recv(1 << 20)
                 if not chunk:
                     break
                 data += chunk
+                if calling and not sent and data.startswith(SENDING):
+                    data, sent = data[len(SENDING) :], True
                 if len(data) > MAX_ANSWER_BYTES:
                     raise McpProtocolError("the server's relay answered too much")
         except TimeoutError:
             raise McpTimeout("the server did not answer in time") from None
         except OSError as error:
-            data = b""
-            if request["op"] != "call":
+            if not sent:
                 raise _Retry from None
             raise McpProtocolError(f"lost the server mid-call: {error}") from None
         if not data.endswith(b"\n"):
-            if request["op"] != "call":
+            if not sent:
                 raise _Retry
             raise McpProtocolError("the server ended mid-call")
         try:

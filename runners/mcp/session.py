@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -636,17 +636,21 @@ async def call_pinned_checked(
     tools: list[dict[str, Any]],
     timeout_s: float,
     deadline: float | None = None,
+    before_call: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Check the tool's definition in ``tools`` (just listed) against the signed digest,
     then call it once.
 
     ``timeout_s`` is the call's, and ``deadline`` (anyio's clock) when it ends: the listing
     before the call took part of it, so the call gets what is left, never ``timeout_s``
-    afresh (without ``deadline``, ``timeout_s`` from now)."""
+    afresh (without ``deadline``, ``timeout_s`` from now). ``before_call`` is awaited just
+    before the call is sent, once nothing else can refuse it (a relay tells its worker)."""
     server = pinned["profile"]["server"]
     check_pinned(tools, server=server, tool=tool, tool_sha256=pinned["tool_sha256"])
     if deadline is None:
         deadline = anyio.current_time() + timeout_s
+    if before_call is not None:
+        await before_call()
     try:
         with anyio.fail_after(max(deadline - anyio.current_time(), 0.0)):
             result = await session.call_tool(tool, dict(arguments))

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +27,9 @@ import docker
 import pytest
 
 import runners
+from runners.mcp.errors import McpProtocolError
 from runners.mcp.relay import MAX_LOG_BYTES, MAX_RECORD_CHARS
-from runners.mcp.servers import DockerMcpServers
+from runners.mcp.servers import SENDING, DockerMcpServers, _ask, _Retry
 from runners.mcp.session import RECORDS_PER_KIND, PerKindLimit, server_session
 from tests.runners.support import plain_mcp_server
 from tests.runners.test_mcp_servers import (  # noqa: F401 - fixtures
@@ -196,3 +202,57 @@ def test_what_a_server_sends_the_sdk_cannot_use_reaches_no_log_but_a_few_records
     assert all(count <= RECORDS_PER_KIND for count in kinds.values()), kinds
     assert marker not in caplog.text
     assert "Traceback" not in caplog.text
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory whose socket paths fit AF_UNIX's bound (a test's tmp_path may not)."""
+    path = Path(tempfile.mkdtemp(prefix="kst-relay-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _relay_that(directory: Path, say: bytes) -> tuple[Path, threading.Thread]:
+    """A socket at which a relay reads one request, writes ``say`` and closes."""
+    sock = directory / f"relay-{uuid.uuid4().hex[:8]}.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(1)
+
+    def serve() -> None:
+        with listener:
+            connection, _ = listener.accept()
+            with connection:
+                connection.makefile("rb").readline()
+                connection.sendall(say)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return sock, thread
+
+
+CALL = {"op": "call", "pinned": {}, "tool": "echo", "arguments": {}, "timeout_s": 5}
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_call_a_relay_drops_before_it_says_it_is_sending_may_go_to_another_relay(
+    short_dir: Path,
+) -> None:
+    """A relay that stops at its idle timeout just as a call comes closes the connection
+    having sent nothing to its server; the worker reported that ``mcp_protocol_error``
+    ("the server ended mid-call") and did not ask another relay. Until the relay writes
+    ``SENDING``, a connection that ends is a call not sent (``_Retry``); after it, the tool
+    may have run, and the call fails, never to run twice."""
+    for said in (b"", b'{"sending": tr'):
+        sock, thread = _relay_that(short_dir, said)
+        with pytest.raises(_Retry):
+            _ask(sock, CALL, 10)
+        thread.join(10)
+    for said in (SENDING, SENDING + b'{"ok": {"content": '):
+        sock, thread = _relay_that(short_dir, said)
+        with pytest.raises(McpProtocolError, match="the server ended mid-call"):
+            _ask(sock, CALL, 10)
+        thread.join(10)
+    sock, thread = _relay_that(short_dir, SENDING + b'{"ok": {"content": []}}\n')
+    assert _ask(sock, CALL, 10) == {"ok": {"content": []}}
+    thread.join(10)

@@ -7,6 +7,7 @@ Each test uses its own project, so its containers are told from other suites'; t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -1228,6 +1229,63 @@ def test_a_relay_gone_without_a_word_is_replaced_by_the_threads_next_call(
     assert echo("again") == "again"
     (new,) = _server_containers(engine, project)
     assert new.id != old.id
+
+
+def _drops_every_call(sock: Path) -> threading.Thread:
+    """At ``sock``, a relay stopping at its idle timeout as calls come: it reads each
+    request and closes, having sent nothing to a server."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(8)
+    listener.settimeout(60)
+
+    def serve() -> None:
+        with listener, contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                with connection:
+                    connection.makefile("rb").readline()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.spec("MCP-5")
+def test_a_call_a_stopping_relay_drops_unsent_goes_to_a_new_relay_and_runs_once(
+    server_image: str,
+    servers: DockerMcpServers,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+) -> None:
+    """A relay that stops at its idle timeout just as a call comes closes the connection
+    without a word and with nothing sent to its server: the call failed
+    ``mcp_protocol_error`` ("the server ended mid-call"), and its server was ended, though
+    nothing ran. It goes to a new relay, where the tool runs, once."""
+    profile = make_profile(server_image)
+    pinned = pin(profile, listed(profile, project_workspace)["append_note"])
+
+    def append(text: str) -> str:
+        answer = call(
+            servers,
+            pinned,
+            "append_note",
+            {"text": text},
+            project=project,
+            thread="thr_idle_race",
+            workspace=project_workspace,
+        )
+        return str(answer["content"][0]["text"])
+
+    assert append("first") == "appended"
+    (directory,) = [path for path in warm_root.glob("mcp-*") if path.is_dir()]
+    os.kill(int((directory / "pid").read_text()), signal.SIGKILL)
+    (directory / "relay.sock").unlink()
+    _drops_every_call(directory / "relay.sock")
+    assert append("second") == "appended"
+    assert (project_workspace / "notes.txt").read_text().splitlines() == ["first", "second"]
 
 
 def test_a_relay_told_to_terminate_takes_its_server_and_directory_with_it(
