@@ -146,6 +146,7 @@ def current_runner() -> Runner:
                     max_servers=chooser.max_containers if chooser.enabled else 0,
                     thread_ended=state.thread_ended,
                     risk_ended=state.risk_ended,
+                    max_call_seconds=config.max_call_seconds,
                 )
                 if docker_capable
                 else None

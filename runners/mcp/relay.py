@@ -60,6 +60,7 @@ from runners.mcp.errors import McpError, McpListTooLong, McpProtocolError, McpSt
 from runners.mcp.servers import SENDING, owner_labels
 from runners.mcp.session import (
     ENGINE_ERRORS,
+    START_TIMEOUT_SECONDS,
     PerKindLimit,
     call_pinned_checked,
     list_tools,
@@ -363,6 +364,9 @@ async def _serve(directory: Path, spec: dict[str, Any], ready: Any) -> None:
             spec["profile"],
             labels={**spec["labels"], **owner_labels()},
             workspace=workspace,
+            # What the call that started it leaves of its start bound (its worker waits no
+            # longer for the relay's word).
+            start_timeout=float(spec.get("start_timeout", START_TIMEOUT_SECONDS)),
         ) as (session, init, container_id):
             relay.session, relay.container_id = session, container_id
             (directory / "container").write_text(container_id)

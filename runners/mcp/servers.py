@@ -34,6 +34,7 @@ import docker
 import docker.errors
 
 import runners
+from runners.config import DEFAULT_MAX_CALL_SECONDS
 from runners.contract.mcp import MAX_OUTPUT_CHARS, profile_digest
 from runners.mcp.errors import (
     ERRORS_BY_CODE,
@@ -82,12 +83,62 @@ MAX_ANSWER_BYTES = 8 * MAX_OUTPUT_CHARS + 256 * 1024
 # What a relay writes just before it sends a call to its server (runners.mcp.relay): until
 # then, a connection that ends sent nothing.
 SENDING = b'{"sending": true}\n'
-# Beyond the call's own timeout (which covers the list before it): the relay's own answer.
-ANSWER_GRACE_SECONDS = 30.0
+# Beyond the call's own timeout (which covers the list before it): the relay's own answer,
+# which comes once it has removed a server that timed out. Within Celery's hard limit,
+# 30 s past KESTREL_MAX_CALL_SECONDS (runners.worker), with room for the report.
+ANSWER_GRACE_SECONDS = 10.0
 
 
 class _Retry(Exception):
     """The relay did not send the call (stopping, or its server died idle)."""
+
+
+class _Budget:
+    """What one call may still spend on the runner: on starting its servers (all of them
+    together, ``start_timeout``), on listing and calling (its ``timeout_s``, over every
+    server asked), and on both within ``max_call_seconds`` from now: the runner's ceiling,
+    past which Celery ends the worker."""
+
+    def __init__(self, start_timeout: float, timeout_s: float, max_call_seconds: float) -> None:
+        self.start_timeout = self.start = start_timeout
+        self.timeout_s = self.call = timeout_s
+        self.max_call = max_call_seconds
+        self.ends = time.monotonic() + max_call_seconds
+
+    def start_left(self, tool: str) -> float:
+        """What a start may still take; ``McpStartFailed`` if nothing."""
+        left = min(self.start, self.ends - time.monotonic())
+        if left <= 0:
+            raise McpStartFailed(
+                f"the server for the call of {tool} did not start within "
+                f"{self.start_timeout:g} s, or the {self.max_call:g} s a call may take on "
+                "this runner (KESTREL_MAX_CALL_SECONDS)"
+            )
+        return left
+
+    def start_by(self) -> float:
+        """When a start now must be done (the clock of ``time.monotonic``)."""
+        now = time.monotonic()
+        return now + max(min(self.start, self.ends - now), 0.0)
+
+    def started(self, since: float) -> None:
+        self.start -= time.monotonic() - since
+
+    def call_left(self, tool: str) -> float:
+        """What the call may still take; ``McpTimeout`` if nothing."""
+        if self.call <= 0:
+            raise McpTimeout(f"the call of {tool} did not end within its {self.timeout_s:g} s")
+        left = min(self.call, self.ends - time.monotonic())
+        if left <= 0:
+            raise McpTimeout(
+                f"the call of {tool} has no time left: starting its server took what was left "
+                f"of the {self.max_call:g} s a call may take on this runner "
+                "(KESTREL_MAX_CALL_SECONDS)"
+            )
+        return left
+
+    def called(self, since: float) -> None:
+        self.call -= time.monotonic() - since
 
 
 @dataclass
@@ -100,7 +151,11 @@ class DockerMcpServers:
     # risk acceptance -> whether an ``mcp.risk.end`` about it reached the pool (call state).
     risk_ended: Callable[[str], bool] | None = None
     root: Path | None = None
+    # The longest a call's servers may take to start, all of them together (waiting for
+    # another process starting the same one, making room, the relay, ``initialize``).
     start_timeout: float = START_TIMEOUT_SECONDS
+    # KESTREL_MAX_CALL_SECONDS: a call's whole time here, its servers' start included.
+    max_call_seconds: float = DEFAULT_MAX_CALL_SECONDS
 
     def _root(self) -> Path:
         if self.root is None:
@@ -128,9 +183,13 @@ class DockerMcpServers:
         if profile_digest(profile) != pinned["profile_sha256"]:
             raise McpStartFailed("the pinned profile does not match its digest; not started")
         refuse_ended_risk(profile, self.risk_ended)
+        # Two bounds, as a tool sandbox has: the start (``start_timeout``), then the listing
+        # and the call (``timeout_s``); and all of it within the runner's ceiling, past
+        # which Celery ends the worker: the call gets what the start left of it, if less.
+        budget = _Budget(self.start_timeout, timeout_s, self.max_call_seconds)
         labels = {"project": project, "runner": self.runner_id}
         if thread is None or self.max_servers == 0 or self._ended(project, thread):
-            return self._call_once(pinned, tool, arguments, labels, call_id, workspace, timeout_s)
+            return self._call_once(pinned, tool, arguments, labels, call_id, workspace, budget)
         request = {
             "op": "call",
             "pinned": dict(pinned),
@@ -140,29 +199,33 @@ class DockerMcpServers:
             "call_id": call_id,
         }
         # The call's one timeout covers every server that is asked for it: an attempt that
-        # came back unsent (a relay whose server refused its list) used part of it.
-        left = timeout_s
+        # came back unsent (a relay whose server refused its list) used part of it; and
+        # one start bound covers every server started for it.
         for attempt in range(2):
             # The first attempt sends the call to a relay whose socket is there, unasked: a
             # relay that is gone or stopping sends nothing (_Retry), and the second attempt
             # asks it first, replacing it if it does not answer.
+            began = time.monotonic()
             relay = self._relay(
-                project, thread, pinned, workspace, {**labels, "thread": thread}, ask=attempt > 0
+                project,
+                thread,
+                pinned,
+                workspace,
+                {**labels, "thread": thread},
+                ask=attempt > 0,
+                start_by=budget.start_by(),
             )
+            budget.started(began)
             if relay is None:
                 break
-            asked = time.monotonic()
             serving = _relay_container(relay.parent)
             answer = None
+            asked, left = time.monotonic(), budget.call_left(tool)
             try:
                 answer = _ask(relay, {**request, "timeout_s": left}, left + ANSWER_GRACE_SECONDS)
                 return _answer(answer)
             except _Retry:
-                left -= time.monotonic() - asked
-                if left <= 0:
-                    raise McpTimeout(
-                        f"the call of {tool} did not end within its {timeout_s:g} s"
-                    ) from None
+                budget.called(asked)
                 continue
             except McpError:
                 if answer is None:
@@ -177,7 +240,7 @@ class DockerMcpServers:
                 # notice reached another process): its server goes now, not when idle.
                 if self._ended(project, thread):
                     self.end_thread(project, thread)
-        return self._call_once(pinned, tool, arguments, labels, call_id, workspace, left)
+        return self._call_once(pinned, tool, arguments, labels, call_id, workspace, budget)
 
     def _end_relay(self, directory: Path, serving: str) -> None:
         """End the relay of ``directory`` and its container, if it is still the one whose
@@ -202,23 +265,27 @@ class DockerMcpServers:
         labels: dict[str, str],
         call_id: str,
         workspace: Path,
-        timeout_s: float,
+        budget: _Budget,
     ) -> dict[str, Any]:
         """A throwaway server for one call, labelled with the call (reaped by recovery)."""
         client = _client()
 
         async def once() -> dict[str, Any]:
+            began = time.monotonic()
             async with server_session(
                 client,
                 pinned["profile"],
                 labels={**labels, "call": call_id, **owner_labels()},
                 workspace=workspace,
-                start_timeout=self.start_timeout,
+                start_timeout=budget.start_left(tool),
             ) as (session, _init, _container):
+                budget.started(began)
                 # Ended while it started (``call`` checked before): no relay is there for
                 # the end to stop, so it is refused here, before its call.
                 refuse_ended_risk(pinned["profile"], self.risk_ended)
-                return await call_pinned(session, pinned, tool, arguments, timeout_s=timeout_s)
+                return await call_pinned(
+                    session, pinned, tool, arguments, timeout_s=budget.call_left(tool)
+                )
 
         try:
             remove_orphaned_mcp_servers(self.runner_id, client)
@@ -237,9 +304,10 @@ class DockerMcpServers:
         labels: dict[str, str],
         *,
         ask: bool,
+        start_by: float,
     ) -> Path | None:
         """The socket of the key's relay, started if there is none (or, with ``ask``, if
-        none answers); None: use a throwaway."""
+        none answers) by ``start_by`` (``time.monotonic``); None: use a throwaway."""
         root = self._root()
         key = "\0".join(
             (self.runner_id, project, thread, pinned["profile"]["server"], pinned["profile_sha256"])
@@ -249,7 +317,8 @@ class DockerMcpServers:
         sock = directory / "relay.sock"
         if not ask and sock.exists():
             return sock
-        with _flock(root / f"{name}.lock", self.start_timeout + 30):
+        # Another process may be starting it: that start is within this one's bound too.
+        with _flock(root / f"{name}.lock", start_by - time.monotonic()):
             if sock.exists():
                 try:
                     _ask(sock, {"op": "ping"}, 10)
@@ -277,9 +346,10 @@ class DockerMcpServers:
                 "project": project,
                 "thread": thread,
                 "runner": self.runner_id,
+                "start_timeout": max(start_by - time.monotonic(), 0.0),
             }
             (directory / "spec.json").write_text(json.dumps(spec))
-            self._spawn(directory)
+            self._spawn(directory, start_by)
             # And once it runs: an end recorded while it started found no relay to stop
             # (``end_risk_acceptance`` records the end first, then stops the relays it sees),
             # so one of the two always sees the other, and no bridged server outlives it.
@@ -290,7 +360,7 @@ class DockerMcpServers:
                 raise
             return sock
 
-    def _spawn(self, directory: Path) -> None:
+    def _spawn(self, directory: Path, start_by: float) -> None:
         env = dict(os.environ)
         source = str(Path(runners.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
@@ -309,13 +379,16 @@ class DockerMcpServers:
             log.close()
         assert process.stdout is not None
         try:
-            process.wait(timeout=30)  # the launcher forks the relay and exits
-            line = _read_line(process.stdout, self.start_timeout + 10)
+            process.wait(timeout=30)  # the launcher forks the relay and exits at once
+            line = _read_line(process.stdout, start_by - time.monotonic())
         finally:
             process.stdout.close()
         if line is None:
             _kill_relay(directory)
-            raise McpStartFailed("the server's relay did not report its start in time")
+            raise McpStartFailed(
+                "the server's relay did not report its start in time (at most "
+                f"{self.start_timeout:g} s for a call's servers to start)"
+            )
         try:
             message = json.loads(line)
         except ValueError:

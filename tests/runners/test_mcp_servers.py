@@ -788,6 +788,65 @@ def test_a_relay_whose_server_refuses_its_list_leaves_the_next_one_what_is_left_
         )
 
 
+# The test server, after four seconds of starting: a server slow to start (npx, a JVM).
+_SLOW_START = [
+    "python3",
+    "-c",
+    "import runpy, time; time.sleep(4); "
+    "runpy.run_path('/opt/h1-test/server.py', run_name='__main__')",
+]
+
+
+@pytest.mark.spec("RUN-3")
+def test_a_servers_start_counts_against_the_runners_ceiling_for_a_call(
+    server_image: str,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+    runner_id: str,
+) -> None:
+    """A call's start was bounded by 60 s on its own, and its listing and call by its
+    ``timeout_s`` after it: a first call held the worker up to a minute past the runner's
+    ceiling (KESTREL_MAX_CALL_SECONDS), where Celery's hard limit kills the worker. The
+    start stays out of ``timeout_s``, as a tool sandbox's does, but the call gets only what
+    the start left of the ceiling, and a start never outlasts it."""
+    servers = DockerMcpServers(
+        runner_id=runner_id, idle_seconds=120, max_servers=4, root=warm_root, max_call_seconds=20
+    )
+    profile = make_profile(server_image, command=_SLOW_START)
+    pinned = pin(profile, listed(profile, project_workspace)["slow"])
+    # Four seconds of the twenty at least went to the start: a tool of sixteen does not
+    # get to its end (within its timeout of twenty it did, four seconds past the ceiling).
+    with pytest.raises(McpTimeout, match="did not answer within the call's"):
+        call(
+            servers,
+            pinned,
+            "slow",
+            {"seconds": 16, "text": "past the ceiling"},
+            project=project,
+            thread="thr_slow_start",
+            workspace=project_workspace,
+            timeout_s=20,
+        )
+    _wait_gone(warm_root)
+    assert not (project_workspace / "notes.txt").exists()
+    # A start longer than the ceiling is cut at it.
+    servers.max_call_seconds = 3
+    with pytest.raises(McpStartFailed, match="did not initialize"):
+        call(
+            servers,
+            pinned,
+            "slow",
+            {"seconds": 0, "text": "never"},
+            project=project,
+            thread=None,
+            workspace=project_workspace,
+            timeout_s=3,
+        )
+    assert _server_containers(engine, project) == []
+
+
 @pytest.mark.spec("MCP-1")
 def test_a_list_past_the_bounds_fails_the_call_at_the_first_server(
     server_image: str,
