@@ -613,20 +613,36 @@ def _relay_container(directory: Path) -> str:
 
 
 def _kill_relay(directory: Path, client: Any | None = None) -> None:
-    """End a relay that does not answer, its container and its directory."""
+    """End a relay that does not answer, its container and its directory.
+
+    Its container is the one its directory names, and any other that names the relay's
+    directory and a dead owner: a relay killed while it started (its worker stopped
+    waiting) has made its container without writing its id yet."""
     pid = _relay_pid(directory)
     if pid is not None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    container_id = _relay_container(directory)
-    if container_id:
-        own = client is None
-        engine = client if client is not None else _client()
-        try:
+        deadline = time.monotonic() + 2
+        while _start_ticks(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    own = client is None
+    engine = client if client is not None else _client()
+    try:
+        container_id = _relay_container(directory)
+        if container_id:
             remove_container(engine, container_id)
-        finally:
-            if own:
-                engine.close()
+        with contextlib.suppress(*ENGINE_ERRORS):
+            for container in engine.containers.list(
+                all=True,
+                filters={"label": f"{LABEL_PREFIX}mcp-relay={directory}"},
+                ignore_removed=True,
+            ):
+                owner = (container.labels or {}).get(MCP_OWNER_LABEL)
+                if owner is None or not _owner_alive(owner):
+                    remove_container(engine, container.id)
+    finally:
+        if own:
+            engine.close()
     shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -847,6 +847,37 @@ def test_a_servers_start_counts_against_the_runners_ceiling_for_a_call(
     assert _server_containers(engine, project) == []
 
 
+@pytest.mark.spec("RUN-3")
+def test_a_relay_that_does_not_start_in_time_leaves_no_server_behind(
+    server_image: str,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+    runner_id: str,
+) -> None:
+    """The worker stops waiting for a relay's start at the start bound and kills it: it
+    removed the container the relay's directory named, and a relay killed while its server
+    started had not named it yet, so the server ran on until the next start's sweep."""
+    servers = DockerMcpServers(
+        runner_id=runner_id, idle_seconds=120, max_servers=4, root=warm_root, start_timeout=3
+    )
+    profile = make_profile(server_image, command=_SLOW_START)
+    pinned = pin(profile, listed(profile, project_workspace)["echo"])
+    with pytest.raises(McpStartFailed, match="did not report its start in time"):
+        call(
+            servers,
+            pinned,
+            "echo",
+            {"text": "x"},
+            project=project,
+            thread="thr_start_cut",
+            workspace=project_workspace,
+        )
+    assert _server_containers(engine, project) == []
+    assert not [path for path in warm_root.glob("mcp-*") if path.is_dir()]
+
+
 @pytest.mark.spec("MCP-1")
 def test_a_list_past_the_bounds_fails_the_call_at_the_first_server(
     server_image: str,
