@@ -87,6 +87,8 @@ SENDING = b'{"sending": true}\n'
 # which comes once it has removed a server that timed out. Within Celery's hard limit,
 # 30 s past KESTREL_MAX_CALL_SECONDS (runners.worker), with room for the report.
 ANSWER_GRACE_SECONDS = 10.0
+# How long a worker that ends a relay (its call lost or unanswered) waits for the key's lock.
+END_LOCK_SECONDS = 5.0
 
 
 class _Retry(Exception):
@@ -243,11 +245,24 @@ class DockerMcpServers:
         return self._call_once(pinned, tool, arguments, labels, call_id, workspace, budget)
 
     def _end_relay(self, directory: Path, serving: str) -> None:
-        """End the relay of ``directory`` and its container, if it is still the one whose
-        container is ``serving`` (another worker may have replaced it meanwhile)."""
-        with _flock(directory.parent / f"{directory.name}.lock", self.start_timeout + 30):
-            if serving and _relay_container(directory) == serving:
-                _kill_relay(directory)
+        """End container ``serving``, which a call was sent to, then the relay of
+        ``directory`` if it still serves it (another worker may have replaced it meanwhile).
+
+        The container goes first and whatever holds the key's lock (a worker making room,
+        or replacing this very relay): the call is about to be reported failed, and its
+        tool must not run after that. The relay, its server gone, stops on its own at its
+        next look at the container if the lock is not had in time."""
+        if not serving:
+            return
+        client = _client()
+        try:
+            remove_container(client, serving)
+        finally:
+            client.close()
+        with contextlib.suppress(McpStartFailed):
+            with _flock(directory.parent / f"{directory.name}.lock", END_LOCK_SECONDS):
+                if _relay_container(directory) == serving:
+                    _kill_relay(directory)
 
     def _ended(self, project: str, thread: str) -> bool:
         if self.thread_ended is None:

@@ -8,6 +8,7 @@ Each test uses its own project, so its containers are told from other suites'; t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import math
@@ -1248,6 +1249,69 @@ def test_a_relay_killed_mid_call_takes_its_server_with_it_before_the_call_fails(
     assert servers.at_failure == [], servers.at_failure
     assert not (project_workspace / "notes.txt").exists()
     assert not [path for path in warm_root.glob("mcp-*") if path.is_dir()]
+
+
+@pytest.mark.spec("MCP-1", "RUN-3")
+def test_a_relay_killed_mid_call_while_its_key_is_locked_takes_its_server_before_the_call_fails(
+    server_image: str,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+    runner_id: str,
+) -> None:
+    """The worker ended a relay lost mid-call under the key's lock. With the lock held (a
+    worker making room, or starting the key's relay again), it waited start_timeout + 30 s,
+    then failed the call ``mcp_start_failed`` with the server still running the tool, whose
+    effect came after the failure. The server goes first, whoever holds the lock."""
+    servers = _Watched(
+        engine,
+        project,
+        runner_id=runner_id,
+        idle_seconds=120,
+        max_servers=4,
+        root=warm_root,
+        start_timeout=3,
+    )
+    profile = make_profile(server_image)
+    pinned = pin(profile, listed(profile, project_workspace)["slow"])
+    failed: list[BaseException] = []
+
+    def slow_call() -> None:
+        try:
+            call(
+                servers,
+                pinned,
+                "slow",
+                {"seconds": 15, "text": "late effect"},
+                project=project,
+                thread="thr_locked",
+                workspace=project_workspace,
+                timeout_s=60,
+            )
+        except BaseException as error:
+            failed.append(error)
+
+    worker = threading.Thread(target=slow_call)
+    worker.start()
+    deadline = time.monotonic() + 90
+    calls: list[Path] = []
+    while time.monotonic() < deadline and not calls:
+        calls = [p for p in warm_root.glob("mcp-*/call") if p.read_text().startswith("call_")]
+        time.sleep(0.05)
+    assert calls, "the call never reached the server"
+    directory = calls[0].parent
+    lock = os.open(warm_root / f"{directory.name}.lock", os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.kill(int((directory / "pid").read_text()), signal.SIGKILL)
+        worker.join(60)
+    finally:
+        os.close(lock)
+    assert not worker.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], McpProtocolError), failed
+    assert servers.at_failure == [], servers.at_failure
+    assert not (project_workspace / "notes.txt").exists()
 
 
 @pytest.mark.spec("MCP-1", "RUN-3")
