@@ -335,8 +335,9 @@ class DockerMcpServers:
         # Another process may be starting it: that start is within this one's bound too.
         with _flock(root / f"{name}.lock", start_by - time.monotonic()):
             if sock.exists():
+                wait = _step(start_by)
                 try:
-                    _ask(sock, {"op": "ping"}, 10)
+                    _ask(sock, {"op": "ping"}, wait)
                     return sock
                 except (_Retry, McpError):
                     _kill_relay(directory)
@@ -345,8 +346,9 @@ class DockerMcpServers:
                 remove_orphaned_mcp_servers(self.runner_id, client)
             finally:
                 client.close()
-            if not self._make_room(root, keep=name):
+            if not self._make_room(root, keep=name, start_by=start_by):
                 return None
+            _step(start_by)  # no relay is started that has no time left to start
             # The acceptance a bridged profile names may have ended since ``call`` checked it
             # (the ``mcp.risk.end`` came while this call waited for the lock or made room):
             # nothing starts under it now.
@@ -414,16 +416,18 @@ class DockerMcpServers:
         code, text = str(error.get("code", "")), str(error.get("message", "the relay failed"))
         raise ERRORS_BY_CODE.get(code, McpStartFailed)(text[:2000])
 
-    def _make_room(self, root: Path, *, keep: str) -> bool:
+    def _make_room(self, root: Path, *, keep: str, start_by: float) -> bool:
         """At most ``max_servers`` warm servers on this host: stop the least recently used
-        idle ones; False when every one is busy."""
+        idle ones; False when every one is busy. Part of a start, so within ``start_by``:
+        a relay that does not answer in time is ended, as one that does not answer at all."""
         relays = [d for d in _relay_dirs(root) if d.name != keep and (d / "relay.sock").exists()]
         excess = len(relays) - self.max_servers + 1
         for directory in sorted(relays, key=_last_used):
             if excess <= 0:
                 break
+            wait = _step(start_by)
             try:
-                if _ask(directory / "relay.sock", {"op": "stop_if_idle"}, 10).get("ok"):
+                if _ask(directory / "relay.sock", {"op": "stop_if_idle"}, wait).get("ok"):
                     excess -= 1
             except (_Retry, McpError):
                 _kill_relay(directory)
@@ -507,7 +511,7 @@ def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     server (``SENDING``): then nothing was, and another relay may take it."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        connection.settimeout(10)
+        connection.settimeout(min(10, timeout))
         try:
             connection.connect(str(sock))
             connection.sendall(json.dumps(request).encode() + b"\n")
@@ -545,6 +549,18 @@ def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         return answer
     finally:
         connection.close()
+
+
+def _step(start_by: float) -> float:
+    """How long one step of a start may wait for a relay: 10 s at most, and never past the
+    start's bound (``McpStartFailed`` once it has passed)."""
+    left = min(10.0, start_by - time.monotonic())
+    if left <= 0:
+        raise McpStartFailed(
+            "the server did not start within the call's bound for starting (waiting for "
+            "the relays of this host to answer)"
+        )
+    return left
 
 
 def _read_line(stream: Any, timeout: float) -> bytes | None:

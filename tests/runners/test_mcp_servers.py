@@ -879,6 +879,59 @@ def test_a_relay_that_does_not_start_in_time_leaves_no_server_behind(
     assert not [path for path in warm_root.glob("mcp-*") if path.is_dir()]
 
 
+@pytest.mark.spec("RUN-3")
+def test_making_room_past_a_relay_that_does_not_answer_is_within_the_start_bound(
+    server_image: str,
+    engine: Any,
+    project: str,
+    project_workspace: Path,
+    warm_root: Path,
+    runner_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Making room under the cap asks each idle relay to stop, 10 s for each that does not
+    answer, outside the start's bound: with KESTREL_WARM_MAX_CONTAINERS hung relays a start
+    could take minutes, past the runner's ceiling. Each wait is within the start's bound,
+    and no relay is started once it has passed."""
+    servers = DockerMcpServers(runner_id=runner_id, idle_seconds=120, max_servers=1, root=warm_root)
+    profile = make_profile(server_image)
+    pinned = pin(profile, listed(profile, project_workspace)["echo"])
+
+    def echo(thread: str) -> dict[str, Any]:
+        return call(
+            servers,
+            pinned,
+            "echo",
+            {"text": thread},
+            project=project,
+            thread=thread,
+            workspace=project_workspace,
+        )
+
+    echo("thr_hung")
+    (hung,) = [path for path in warm_root.glob("mcp-*") if path.is_dir()]
+    pid = int((hung / "pid").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    servers.start_timeout = 4
+    spawned: list[Path] = []
+    spawn = DockerMcpServers._spawn
+    monkeypatch.setattr(
+        DockerMcpServers,
+        "_spawn",
+        lambda self, directory, *rest: spawned.append(directory) or spawn(self, directory, *rest),
+    )
+    try:
+        with pytest.raises(McpStartFailed, match="did not start within the call's bound"):
+            echo("thr_room")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    # The hung relay was ended, as one that does not answer is, and nothing else started.
+    assert spawned == []
+    assert _server_containers(engine, project) == []
+    assert not [path for path in warm_root.glob("mcp-*") if path.is_dir()]
+
+
 @pytest.mark.spec("MCP-1")
 def test_a_list_past_the_bounds_fails_the_call_at_the_first_server(
     server_image: str,
