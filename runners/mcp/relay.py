@@ -19,7 +19,8 @@ reaches it). One line of JSON per request, one per answer:
   writes ``{"sending": true}`` (a line before the answer): a connection that ends before
   that line (the relay stopped at its idle timeout as the call came, or was killed while
   it listed) sent nothing to the server, so the worker may ask another relay; one that ends
-  after it may have run the tool, and fails the call.
+  after it may have run the tool, and fails the call. (Protocol 2, ``RELAY_PROTOCOL``,
+  which the spec names: a worker trusts the silence of no relay older than that.)
 
 Calls are served one at a time. A worker that disconnects before its answer (it was
 killed) ends the server at once: its container is removed, so the call has no effect after

@@ -83,6 +83,9 @@ MAX_ANSWER_BYTES = 8 * MAX_OUTPUT_CHARS + 256 * 1024
 # What a relay writes just before it sends a call to its server (runners.mcp.relay): until
 # then, a connection that ends sent nothing.
 SENDING = b'{"sending": true}\n'
+# A relay's protocol (its spec's "protocol"): 2 writes SENDING. A relay started by an older
+# runner, still serving after an upgrade, does not; a call it drops may have run.
+RELAY_PROTOCOL = 2
 # Beyond the call's own timeout (which covers the list before it): the relay's own answer,
 # which comes once it has removed a server that timed out. Within Celery's hard limit,
 # 30 s past KESTREL_MAX_CALL_SECONDS (runners.worker), with room for the report.
@@ -221,10 +224,16 @@ class DockerMcpServers:
             if relay is None:
                 break
             serving = _relay_container(relay.parent)
+            announces = (_spec(relay.parent) or {}).get("protocol") == RELAY_PROTOCOL
             answer = None
             asked, left = time.monotonic(), budget.call_left(tool)
             try:
-                answer = _ask(relay, {**request, "timeout_s": left}, left + ANSWER_GRACE_SECONDS)
+                answer = _ask(
+                    relay,
+                    {**request, "timeout_s": left},
+                    left + ANSWER_GRACE_SECONDS,
+                    announces=announces,
+                )
                 return _answer(answer)
             except _Retry:
                 budget.called(asked)
@@ -364,6 +373,7 @@ class DockerMcpServers:
                 "thread": thread,
                 "runner": self.runner_id,
                 "start_timeout": max(start_by - time.monotonic(), 0.0),
+                "protocol": RELAY_PROTOCOL,
             }
             (directory / "spec.json").write_text(json.dumps(spec))
             self._spawn(directory, start_by)
@@ -505,10 +515,13 @@ def _answer(answer: dict[str, Any]) -> dict[str, Any]:
     raise ERRORS_BY_CODE.get(code, McpProtocolError)(message)
 
 
-def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+def _ask(
+    sock: Path, request: dict[str, Any], timeout: float, *, announces: bool = True
+) -> dict[str, Any]:
     """One request to a relay and its answer. ``_Retry`` if nothing reached it, or, for a
     call, if the connection ended before the relay said it was sending the call to its
-    server (``SENDING``): then nothing was, and another relay may take it."""
+    server (``SENDING``): then nothing was, and another relay may take it. A relay that
+    does not say so (``announces`` false: an older one) may have sent any call it got."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.settimeout(min(10, timeout))
@@ -519,7 +532,8 @@ def _ask(sock: Path, request: dict[str, Any], timeout: float) -> dict[str, Any]:
             raise _Retry from None
         connection.settimeout(timeout)
         data = b""
-        calling, sent = request["op"] == "call", False
+        calling = request["op"] == "call"
+        sent = calling and not announces
         try:
             while not data.endswith(b"\n"):
                 chunk = connection.recv(1 << 20)

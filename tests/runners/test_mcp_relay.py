@@ -8,6 +8,7 @@ server wrote.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -29,7 +30,7 @@ import pytest
 import runners
 from runners.mcp.errors import McpProtocolError
 from runners.mcp.relay import MAX_LOG_BYTES, MAX_RECORD_CHARS
-from runners.mcp.servers import SENDING, DockerMcpServers, _ask, _Retry
+from runners.mcp.servers import RELAY_PROTOCOL, SENDING, DockerMcpServers, _ask, _Retry
 from runners.mcp.session import RECORDS_PER_KIND, PerKindLimit, server_session
 from tests.runners.support import plain_mcp_server
 from tests.runners.test_mcp_servers import (  # noqa: F401 - fixtures
@@ -218,9 +219,10 @@ def _relay_that(directory: Path, say: bytes) -> tuple[Path, threading.Thread]:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(sock))
     listener.listen(1)
+    listener.settimeout(60)
 
     def serve() -> None:
-        with listener:
+        with listener, contextlib.suppress(OSError):
             connection, _ = listener.accept()
             with connection:
                 connection.makefile("rb").readline()
@@ -256,3 +258,61 @@ def test_a_call_a_relay_drops_before_it_says_it_is_sending_may_go_to_another_rel
     sock, thread = _relay_that(short_dir, SENDING + b'{"ok": {"content": []}}\n')
     assert _ask(sock, CALL, 10) == {"ok": {"content": []}}
     thread.join(10)
+
+
+def _relay_dir(root: Path, say: bytes, spec: dict[str, Any]) -> Path:
+    """A relay's directory (its spec and socket) whose relay reads one call, writes ``say``
+    and closes."""
+    directory = root / f"mcp-{uuid.uuid4().hex[:8]}"
+    directory.mkdir()
+    (directory / "spec.json").write_text(json.dumps(spec))
+    sock, _thread = _relay_that(directory, say)
+    sock.rename(directory / "relay.sock")
+    return directory / "relay.sock"
+
+
+@pytest.mark.spec("MCP-5")
+def test_only_a_relay_that_says_when_it_sends_has_a_dropped_call_sent_again(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay started by an older runner, still serving after an upgrade, never writes
+    ``SENDING``: a call it drops may have run, so it fails, and no other relay is asked.
+    One of this runner's (its spec's protocol) that drops a call before saying it sends it
+    has its call taken by the next relay."""
+    pinned = pin(make_profile("sha256:" + "0" * 64), {"name": "echo", "inputSchema": {}})
+    answered = SENDING + b'{"ok": {"content": [{"type": "text", "text": "once"}]}}\n'
+    manager = DockerMcpServers(runner_id="run_t", idle_seconds=60, max_servers=4, root=short_dir)
+
+    def ask_in_turn(*relays: Path) -> list[Path]:
+        asked: list[Path] = []
+        waiting = list(relays)
+
+        def relay(self: DockerMcpServers, *args: Any, **kwargs: Any) -> Path:
+            asked.append(waiting[0])
+            return waiting.pop(0)
+
+        monkeypatch.setattr(DockerMcpServers, "_relay", relay)
+        return asked
+
+    def echo() -> dict[str, Any]:
+        return manager.call(
+            pinned,
+            "echo",
+            {},
+            project="prj_t",
+            thread="thr_t",
+            call_id="call_t",
+            workspace=short_dir,
+            timeout_s=10,
+        )
+
+    current = {"protocol": RELAY_PROTOCOL}
+    asked = ask_in_turn(
+        _relay_dir(short_dir, b"", current), _relay_dir(short_dir, answered, current)
+    )
+    assert echo()["content"] == [{"type": "text", "text": "once"}]
+    assert len(asked) == 2
+    asked = ask_in_turn(_relay_dir(short_dir, b"", {}), _relay_dir(short_dir, answered, current))
+    with pytest.raises(McpProtocolError, match="the server ended mid-call"):
+        echo()
+    assert len(asked) == 1
