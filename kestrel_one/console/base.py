@@ -39,6 +39,10 @@ def session_principal(request: HttpRequest) -> Principal:
 # breaks. Only these are asked ``is_hidden`` (once each, cached): a page is mostly ASCII and
 # is read whole on every view.
 _MAYBE_HIDDEN = re.compile(r"[^\t\n\r\x20-\x7e]")
+# What a form posts back, as the console's templates write it: a ``value`` attribute and a
+# textarea's text. Django's autoescaping leaves no raw ``"`` in an attribute and no raw ``<``
+# in text, so these match only what a template wrote as markup, never a value shown.
+_POSTED = re.compile(r'\svalue="[^"]*"|<textarea\b[^>]*>[^<]*</textarea>')
 
 
 @functools.lru_cache(maxsize=4096)
@@ -46,13 +50,24 @@ def _char_revealed(char: str) -> str:
     return hidden_revealed(char)
 
 
+def _text_revealed(html: str) -> str:
+    return _MAYBE_HIDDEN.sub(lambda found: _char_revealed(found.group()), html)
+
+
 def page_revealed(html: str) -> str:
     """``html`` with every character a person cannot see (``injection.is_hidden``: bidi
     controls, zero-width and tag characters, variation selectors, ...) drawn as
     ``[U+XXXX]``, exactly as ``injection.hidden_revealed`` draws it, wherever on the page it
-    came from. Applied to what Django rendered, after autoescaping: it only turns invisible
-    code points into ASCII that is no markup."""
-    return _MAYBE_HIDDEN.sub(lambda found: _char_revealed(found.group()), html)
+    came from, except in what a form posts back (an input's ``value``, a textarea's text),
+    which stays exactly as given: revealed there, a typed argument or a saved document
+    would come back changed. Applied to what Django rendered, after autoescaping: it only
+    turns invisible code points into ASCII that is no markup."""
+    drawn, at = [], 0
+    for posted in _POSTED.finditer(html):
+        drawn += [_text_revealed(html[at : posted.start()]), posted.group()]
+        at = posted.end()
+    drawn.append(_text_revealed(html[at:]))
+    return "".join(drawn)
 
 
 class ConsoleView(View):

@@ -189,6 +189,26 @@ def test_a_page_is_revealed_as_hidden_revealed_reveals_a_string(text):
     assert page_revealed(page_revealed(text)) == page_revealed(text)
 
 
+def test_what_a_form_posts_back_is_kept_as_given():
+    """An input's value and a textarea's text are what the form sends: revealed there, a
+    typed argument or a saved document would come back changed. What is drawn around them
+    (an option's text, a title, a label) is revealed."""
+    html = (
+        f'<input type="search" name="actor" value="usr_{ZWSP}x" title="t{RLO}">'
+        f'<textarea id="a" name="args">{{"path": "a{ZWSP}.md"}}</textarea>'
+        '<textarea name="b"></textarea>'
+        f'<select><option value="p{TAG_A}">n{ZWSP}</option></select>'
+        f"<p>value=&quot;a{ZWSP}&quot;</p>"
+    )
+    assert page_revealed(html) == (
+        f'<input type="search" name="actor" value="usr_{ZWSP}x" title="t[U+202E]">'
+        f'<textarea id="a" name="args">{{"path": "a{ZWSP}.md"}}</textarea>'
+        '<textarea name="b"></textarea>'
+        f'<select><option value="p{TAG_A}">n[U+200B]</option></select>'
+        "<p>value=&quot;a[U+200B]&quot;</p>"
+    )
+
+
 def test_every_approval_and_dashboard_page_reveals_hidden_characters():
     """A page added to these modules shows an agent's text to the people who decide on it,
     so it reveals, unless someone decides here that it need not."""
