@@ -493,8 +493,15 @@ class AuditView(ConsoleView):
                 older = urlencode(
                     {**{k: v for k, v in given.items() if v}, "before": rows[-1].sequence}
                 )
+            # Written as it reads (not \u escapes): a name keeps its letters, and a character
+            # nobody can see is drawn as [U+XXXX] as on every page (``page_revealed``).
             records = [
-                {**item, "data_json": json.dumps(item["data"], indent=2, sort_keys=True)}
+                {
+                    **item,
+                    "data_json": json.dumps(
+                        item["data"], indent=2, sort_keys=True, ensure_ascii=False
+                    ),
+                }
                 for item in AuditRecordSerializer(rows, many=True).data
             ]
         else:

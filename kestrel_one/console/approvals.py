@@ -187,7 +187,6 @@ class InboxView(ConsoleView):
     and the plans awaiting their acceptance."""
 
     section = "approvals"
-    reveals_hidden = True
 
     def get(self, request, org: str):
         actions = (
@@ -224,8 +223,6 @@ class InboxView(ConsoleView):
 
 class ActionPage(ConsoleView):
     """The action named in the URL, in a project the person may see (else a 404)."""
-
-    reveals_hidden = True
 
     def resolve_parents(self, **kwargs: Any) -> None:
         action = _action_queryset(self).filter(public_id=kwargs.get("act")).first()
@@ -334,8 +331,6 @@ class ActionDecisionView(ActionPage):
 
 
 class PlanPage(ConsoleView):
-    reveals_hidden = True
-
     def resolve_parents(self, **kwargs: Any) -> None:
         plan = (
             plans_visible_to(principal=self.principal, organization=self.organization)

@@ -70,6 +70,21 @@ def page_revealed(html: str) -> str:
     return "".join(drawn)
 
 
+def page_drawn(
+    request: HttpRequest | None, template: str, context: dict[str, Any], *, status: int = 200
+) -> HttpResponse:
+    """``template`` rendered (as ``render`` does), with every character a person could not
+    see drawn as [U+XXXX] (``page_revealed``), so that an argument reordered by a
+    right-to-left override or split by a zero-width space reads as what would run. Every
+    console page is drawn so, and the whole page, not the values a template remembers to
+    mark: an agent's title, a tool's output, a server's answer or a document shown tomorrow
+    is covered too. Only what is drawn changes: what a form posts back stays as given, and
+    what is stored and what the API returns keep the characters (with the
+    ``hidden_characters`` flag beside them)."""
+    html = render_to_string(template, context, request)
+    return HttpResponse(page_revealed(html), status=status)
+
+
 class ConsoleView(View):
     # HTTP method -> the scope the person must hold in the organization. A method with no
     # entry is refused (405), never allowed by default.
@@ -79,18 +94,6 @@ class ConsoleView(View):
     sudo_for: ClassVar[dict[str, str]] = {}
     # The navigation entry this page belongs to.
     section: ClassVar[str] = ""
-    # Whether this page shows what an agent asked, did or wrote to a person who decides on
-    # it (SURF-3): then every character of it that they could not see is drawn as
-    # [U+XXXX] (``page_revealed``), so that an argument reordered by a right-to-left
-    # override or split by a zero-width space reads as what would run. The whole page, not
-    # the values a template remembers to mark: a title, a reason or a tool's output shown
-    # tomorrow is covered too. Only what is drawn changes; what is stored and what the API
-    # returns keep the characters (with the ``hidden_characters`` flag beside them).
-    # Attribute values are drawn so too, so a form on such a page posts back only what is
-    # ASCII anyway (the approval forms post digests and ids; a changed one is refused, never
-    # decided); pages whose forms give text back to be saved (a policy editor) keep it as
-    # typed and do not set this.
-    reveals_hidden: ClassVar[bool] = False
 
     protected_methods = ("dispatch",)
 
@@ -163,10 +166,7 @@ class ConsoleView(View):
         }
 
     def drawn(self, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
-        """``template`` rendered (as ``render`` does), hidden characters revealed on the pages
-        that ask for it (``reveals_hidden``)."""
-        html = render_to_string(template, context, self.request)
-        return HttpResponse(page_revealed(html) if self.reveals_hidden else html, status=status)
+        return page_drawn(self.request, template, context, status=status)
 
     def page(
         self, template: str, context: dict[str, Any] | None = None, *, status: int = 200

@@ -221,7 +221,6 @@ class OverviewView(ConsoleView):
     """``/console/{org}/``: the projects, pending approvals, recent activity and a chart."""
 
     section = "overview"
-    reveals_hidden = True
 
     def get(self, request, org: str):
         projects = Project.objects.visible_to(self.principal, self.organization)
@@ -264,9 +263,6 @@ class ProjectPageMixin:
     project through the person's visible projects, the thread only through that project."""
 
     scope_map = {"GET": "projects:read"}
-    # A project's threads and a thread's timeline show what agents asked and got, to the
-    # people who approve it (``ConsoleView.reveals_hidden``).
-    reveals_hidden = True
 
     def resolve_parents(self, **kwargs: Any) -> None:
         project = project_visible(self.principal, self.organization, kwargs.get("prj"))
@@ -457,8 +453,6 @@ def share_default() -> int:
 
 
 class ArtifactMixin:
-    reveals_hidden = True  # an artifact's name is a tool's output
-
     def resolve_parents(self, **kwargs: Any) -> None:
         artifact = (
             artifacts_visible_to(

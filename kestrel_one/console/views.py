@@ -6,10 +6,11 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib.auth import authenticate
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect
 from django.views import View
 
 from kestrel_one.accounts.backends import is_server_token, server_token_sign_in_enabled
+from kestrel_one.console.base import page_drawn
 from kestrel_one.console.sudo import safe_next, sudo_stamp
 
 
@@ -18,7 +19,7 @@ def home(request):
     memberships = request.user.memberships.select_related("organization").order_by(
         "organization__slug"
     )
-    return render(request, "console/home.html", {"memberships": memberships})
+    return page_drawn(request, "console/home.html", {"memberships": memberships})
 
 
 class SudoView(View):
@@ -36,7 +37,7 @@ class SudoView(View):
             "server_token": self._uses_server_token(request),
             "minutes": max(1, settings.KESTREL_CONSOLE_SUDO_SECONDS // 60),
         }
-        return render(request, "console/sudo.html", context, status=status)
+        return page_drawn(request, "console/sudo.html", context, status=status)
 
     def get(self, request):
         if not request.user.is_authenticated:

@@ -1,24 +1,34 @@
-"""Where a person decides on what an agent asked, they read exactly what would run: every
-character a browser draws as nothing or reorders (a right-to-left override, a zero-width
-space, a tag character) is shown as ``[U+XXXX]``, on every page that shows an agent's text
-to the person who approves, denies or accepts it. What is stored and what the API returns
-keep the raw characters, with the ``hidden_characters`` flag beside them."""
+"""Where a person reads what an agent asked, did or wrote, they read exactly what is there:
+every character a browser draws as nothing or reorders (a right-to-left override, a
+zero-width space, a tag character) is shown as ``[U+XXXX]``, on every console page, and
+the person who approves, denies or accepts reads what would run. What is stored and what
+the API returns keep the raw characters, with the ``hidden_characters`` flag beside them,
+and what a form posts back (an input's value, a textarea's text) stays as given, so that
+what is judged or saved is what was typed."""
 
 from __future__ import annotations
 
+import json
+import re
+from html import escape, unescape
+
 import pytest
+from django.db import transaction
 from django.test import Client
 
+from kestrel_one.accounts.principal import system_principal
+from kestrel_one.audit.services import audit_record
 from kestrel_one.common.injection import HIDDEN_CHARACTERS, hidden_revealed, is_hidden
-from kestrel_one.console import approvals, dashboard
 from kestrel_one.console.approvals import decision_binding
 from kestrel_one.console.base import page_revealed
 from kestrel_one.execution.models import Action
 from kestrel_one.execution.plans import plan_propose
 from kestrel_one.execution.services import action_request
+from kestrel_one.governance.drafts import policy_draft_of
 from kestrel_one.threads.services import thread_create
+from tests.console import surface
 
-pytestmark = pytest.mark.spec("SURF-3", "API-6", "POL-5")
+pytestmark = pytest.mark.spec("SURF-2", "SURF-3", "API-6", "POL-5")
 
 RLO, ZWSP, TAG_A = "\u202e", "\u200b", "\U000e0041"
 # What the approver would read as ``rm -rf ./build`` is ``rm -rf /`` and a reordered tail;
@@ -209,13 +219,111 @@ def test_what_a_form_posts_back_is_kept_as_given():
     )
 
 
-def test_every_approval_and_dashboard_page_reveals_hidden_characters():
-    """A page added to these modules shows an agent's text to the people who decide on it,
-    so it reveals, unless someone decides here that it need not."""
-    views = {
-        pattern.name: pattern.callback.view_class
-        for pattern in [*approvals.urlpatterns, *dashboard.urlpatterns]
-    }
-    # The artifact's bytes are the file itself, downloaded as an attachment, not a page.
-    not_pages = {"console_artifact_content"}
-    assert {name for name, view in views.items() if not view.reveals_hidden} <= not_pages
+def test_every_console_page_draws_hidden_characters_revealed(world):
+    """Every page shows the organization's name, so one planted there is on all of them:
+    no page, however new, is left to remember to reveal (``ConsoleView.drawn``)."""
+    world.org.name = f"Acme{ZWSP} Rockets{RLO}"
+    world.org.save(update_fields=["name"])
+    owner = surface.signed_in(world["owner"].user)
+    urls = ["/console/"] + [
+        entry.url
+        for entry in surface.catalogue_pages(world)
+        if not (entry.page.post_only or entry.page.download)
+    ]
+    raw, unnamed = [], []
+    for url in urls:
+        response = owner.get(url)
+        if not surface.is_html(response):
+            continue
+        html = surface.body_text(response)
+        if hidden_in(html):
+            raw.append(url)
+        elif "Acme[U+200B] Rockets[U+202E]" not in html:
+            unnamed.append(url)
+    assert not raw, "drawn with characters nobody can see"
+    assert not unnamed, "these pages do not show the organization's name"
+
+
+# The policy pages: what the preview replays and explain judges is an agent's call.
+
+
+def policy_url(world, suffix: str = "") -> str:
+    return f"/console/acme/projects/{world.project.public_id}/policy{suffix}"
+
+
+def textarea_text(html: str, name: str) -> str:
+    found = re.search(rf'<textarea[^>]* name="{name}"[^>]*>([^<]*)</textarea>', html)
+    assert found, f"no {name} textarea"
+    return unescape(found.group(1))
+
+
+def judged(html: str) -> str:
+    return html.split('id="explain-result"', 1)[1]
+
+
+def outside_textareas(html: str) -> str:
+    return re.sub(r"<textarea[^>]*>[^<]*</textarea>", "", html)
+
+
+def test_the_preview_shows_recorded_arguments_and_reasons_revealed(world):
+    recorded = action_request(
+        actor=world.agent, thread=world.thread, tool="fs.read", args={"path": f"README{ZWSP}.md"}
+    )
+    owner = signed_in(world["owner"].user)
+    narrowing = {"capabilities": {"fs.read": {"paths": ["src/**"]}}}
+    assert owner.post(policy_url(world), {"document": json.dumps(narrowing)}).status_code == 303
+    for headers in ({}, {"HX-Request": "true"}):
+        html = owner.get(policy_url(world, "/preview"), headers=headers).content.decode()
+        assert recorded.public_id in html
+        assert_revealed(html, "README[U+200B].md", "&#x27;README[U+200B].md&#x27; matches none")
+
+
+def test_explain_reveals_what_it_judged_and_keeps_the_typed_arguments(world):
+    """The arguments go back in the textarea exactly as typed, so explaining again, or
+    after a change of mode, judges the same call; what the judgement says is revealed."""
+    typed = json.dumps({"path": f"docs/a{ZWSP}.md"}, ensure_ascii=False)
+    owner = signed_in(world["owner"].user)
+    query = {"tool": "fs.read", "args": typed, "mode": "agent"}
+    html = owner.get(policy_url(world, "/explain"), query).content.decode()
+    assert f">{escape(typed)}</textarea>" in html
+    assert_revealed(outside_textareas(html), "&#x27;docs/a[U+200B].md&#x27; matches")
+    assert textarea_text(html, "args") == typed
+    again = owner.get(
+        policy_url(world, "/explain"), {**query, "args": textarea_text(html, "args")}
+    ).content.decode()
+    assert judged(again) == judged(html) and "Allowed" in judged(html)
+    fragment = owner.get(policy_url(world, "/explain"), query, headers={"HX-Request": "true"})
+    assert_revealed(fragment.content.decode(), "&#x27;docs/a[U+200B].md&#x27; matches")
+
+
+def test_the_policy_editor_reveals_the_draft_it_shows_and_saves_it_as_typed(world):
+    document = json.dumps(
+        {"capabilities": {"fs.read": {"paths": [f"src{ZWSP}/**"]}}}, indent=2, ensure_ascii=False
+    )
+    assert ZWSP in document
+    owner = signed_in(world["owner"].user)
+    assert owner.post(policy_url(world), {"document": document}).status_code == 303
+    saved = policy_draft_of(world.project)
+    html = owner.get(policy_url(world)).content.decode()
+    assert textarea_text(html, "document") == document == saved.text
+    assert_revealed(outside_textareas(html), "src[U+200B]/**")
+    # Saving what the editor holds saves the same draft.
+    owner.post(policy_url(world), {"document": textarea_text(html, "document")})
+    assert policy_draft_of(world.project).sha256 == saved.sha256
+
+
+def test_the_audit_log_shows_record_data_revealed_and_keeps_the_typed_filters(world):
+    with transaction.atomic():
+        audit_record(
+            organization=world.org,
+            actor=system_principal("tests"),
+            action="test.note",
+            data={"title": f"tidy{ZWSP} docs", "argv": ARGV, "name": "caf\u00e9"},
+        )
+    owner = signed_in(world["owner"].user)
+    html = owner.get("/console/acme/audit?action=test.note").content.decode()
+    assert "test.note" in html
+    assert_revealed(html, "tidy[U+200B] docs", *REVEALED, "café")
+    typed = owner.get(f"/console/acme/audit?action=test.note{ZWSP}").content.decode()
+    assert f'value="test.note{ZWSP}"' in typed
+    assert "No audit records match these filters." in typed
