@@ -273,14 +273,32 @@ class MembersView(ConsoleView):
         fresh = MemberAddForm(projects=self.visible_projects())
         return _no_store(self.members_page(fresh, added=added))
 
+    def projects_shown(self, memberships) -> dict[int, dict[str, Any]]:
+        """The projects of each limited member among ``memberships``, by user id, as this
+        person may read them (SURF-1): those they see by name, the others only counted."""
+        grants = member_project_grants(memberships)
+        granted = {project.pk for projects in grants.values() for project in projects}
+        seen = set(
+            self.visible_projects().filter(pk__in=granted).values_list("pk", flat=True)
+            if granted
+            else ()
+        )
+        return {
+            user_id: {
+                "seen": [project for project in projects if project.pk in seen],
+                "unseen": sum(project.pk not in seen for project in projects),
+            }
+            for user_id, projects in grants.items()
+        }
+
     def members_page(self, form, *, status: int = 200, **extra: Any):
         members = _page_of(self.request, memberships_of(self.organization).order_by("created_at"))
         rows = list(members)
-        grants = member_project_grants(rows)
+        shown = self.projects_shown(rows)
         context = {
             "form": form,
             "members": members,
-            "rows": [(m, grants.get(m.user_id, [])) for m in rows],
+            "rows": [(m, shown.get(m.user_id)) for m in rows],
             "removed": self.request.GET.get("removed", "")[:200],
             **extra,
         }
@@ -350,7 +368,7 @@ class MemberView(MembersView):
         context = {
             **extra,
             "member": self.membership,
-            "granted": self.granted(),
+            "projects": self.projects_shown([self.membership]).get(self.membership.user_id),
             "form": form,
             "error": error,
             "changed": self.request.GET.get("changed", ""),

@@ -202,6 +202,31 @@ def test_a_viewer_sees_members_without_forms(world):
     assert 'action="/console/acme/members"' not in page
 
 
+@pytest.mark.spec("SURF-1", "SURF-2")
+def test_members_name_only_the_projects_the_reader_can_see(world):
+    """A member limited to hangar reads who else is limited where, but not the names of the
+    projects they cannot see: those are only counted."""
+    both = make_person(
+        world.org, Role.MEMBER, name="both", projects=[world.project, world.other_project]
+    )
+    elsewhere = make_person(world.org, Role.MEMBER, name="elsewhere", projects=[world.project])
+    reader = signed_in(world["limited"].user)
+    for url in (
+        "/console/acme/members",
+        f"/console/acme/members/{both.membership.public_id}",
+        f"/console/acme/members/{elsewhere.membership.public_id}",
+    ):
+        page = reader.get(url)
+        assert page.status_code == 200
+        html = page.content.decode()
+        assert world.project.name not in html, url  # launchpad: not theirs
+        assert "1 project you cannot see" in html, url
+    listed = reader.get("/console/acme/members").content.decode()
+    assert "hangar, <span" in listed  # both: hangar by name, launchpad counted
+    owner = signed_in(world["owner"].user).get("/console/acme/members").content.decode()
+    assert "hangar, launchpad" in owner and "cannot see" not in owner
+
+
 def _queries(client, url: str) -> int:
     with CaptureQueriesContext(connection) as captured:
         assert client.get(url).status_code == 200
