@@ -190,9 +190,13 @@ def servers(warm_root: Path, runner_id: str, engine: Any) -> Iterator[DockerMcpS
     manager = DockerMcpServers(runner_id=runner_id, idle_seconds=120, max_servers=4, root=warm_root)
     yield manager
     for directory in warm_root.glob("mcp-*"):
-        if directory.is_dir():
+        if not directory.is_dir():
+            continue  # the key's lock file
+        try:
             spec = json.loads((directory / "spec.json").read_text())
-            manager.end_thread(spec["project"], spec["thread"])
+        except FileNotFoundError:
+            continue  # a relay that ended (and took its directory) while this looked
+        manager.end_thread(spec["project"], spec["thread"])
     _wait_gone(warm_root)
 
 
