@@ -215,35 +215,68 @@ def test_thread_end_removes_the_threads_idle_containers_of_every_process_only(
     assert warm_of(engine, project, "thr_b") == other_thread
 
 
-def busy_call(chooser, engine, workspace, project, thread, runner_id):
-    """Warm ``thread``'s container in ``chooser``, then keep it busy with a two-second call
-    in a thread of this test: (that thread, the call's outcome once joined, the container)."""
-    shell(chooser, workspace, project, thread, runner_id, "true")
-    (container_id,) = warm_of(engine, project, thread)
-    outcome: dict = {}
-    call = threading.Thread(
-        target=lambda: outcome.update(
-            shell(chooser, workspace, project, thread, runner_id, "sleep 2; echo finished")
+# The busy call sleeps; ``release`` ends the sleep with a signal from outside (the project's
+# workspace, where a file could say so, may be gone by then), and the script goes on.
+BUSY_SCRIPT = "sleep 25; echo finished"
+END_THE_SLEEP = (
+    "import os, signal\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    with open(f'/proc/{pid}/comm') as comm:\n"
+    "        if comm.read().strip() == 'sleep':\n"
+    "            os.kill(int(pid), signal.SIGTERM)\n"
+)
+
+
+def release(engine, container_id: str) -> None:
+    """End the busy call in ``container_id`` now (a no-op once the container is gone)."""
+    try:
+        engine.containers.get(container_id).exec_run(["python3", "-c", END_THE_SLEEP])
+    except docker.errors.NotFound:
+        pass
+
+
+@pytest.fixture
+def busy_call(processes, engine, workspace, project, runner_id):
+    """``busy_call(chooser, thread)`` warms ``thread``'s container in ``chooser``, then keeps
+    it busy, in a thread of this test, with a call that runs until ``release``: (that thread,
+    the call's outcome once joined, the container). The test, not a clock, says when the
+    call ends; a test that fails first still ends it here."""
+    started: list[tuple[threading.Thread, str]] = []
+
+    def start(chooser, thread):
+        shell(chooser, workspace, project, thread, runner_id, "true")
+        (container_id,) = warm_of(engine, project, thread)
+        outcome: dict = {}
+        call = threading.Thread(
+            target=lambda: outcome.update(
+                shell(chooser, workspace, project, thread, runner_id, BUSY_SCRIPT)
+            )
         )
-    )
-    call.start()
-    deadline = time.monotonic() + 20
-    container = engine.containers.get(container_id)
-    while not warm_container_busy(container):
-        assert time.monotonic() < deadline, "the call never started"
-        time.sleep(0.05)
-    return call, outcome, container_id
+        call.start()
+        started.append((call, container_id))
+        deadline = time.monotonic() + 20
+        container = engine.containers.get(container_id)
+        while not warm_container_busy(container):
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.05)
+        return call, outcome, container_id
+
+    yield start
+    for call, container_id in started:
+        release(engine, container_id)
+        call.join(60)
 
 
 def test_a_busy_container_finishes_its_call_and_goes_at_check_in(
-    runner, processes, engine, workspace, project, runner_id
+    runner, processes, busy_call, engine, workspace, project
 ):
     _, second = processes
-    call, outcome, container_id = busy_call(second, engine, workspace, project, "thr_a", runner_id)
+    call, outcome, container_id = busy_call(second, "thr_a")
 
     runner.handle_control(thread_end(project, "thr_a"))
     assert warm_of(engine, project, "thr_a") == {container_id}  # never killed mid-call
 
+    release(engine, container_id)
     call.join(30)
     assert (outcome["exit_code"], outcome["stdout"]) == (0, "finished\n")
     assert warm_of(engine, project, "thr_a") == set()
@@ -254,20 +287,21 @@ def project_delete(project: str) -> str:
 
 
 def test_a_deleted_projects_busy_container_in_another_process_goes_at_check_in(
-    runner, processes, engine, workspace, project, runner_id, state_client
+    runner, processes, busy_call, engine, workspace, project, runner_id, state_client
 ):
     """The notice reaches one process; a container of the project busy in another finishes
     its call, then goes (the shared mark), and an idle one of another thread goes at once."""
     first, second = processes
     runner.end_project = lambda prj: first.end_project(prj, runner_id=runner_id)
     shell(second, workspace, project, "thr_b", runner_id, "true")  # warm and idle
-    call, outcome, busy_id = busy_call(second, engine, workspace, project, "thr_a", runner_id)
+    call, outcome, busy_id = busy_call(second, "thr_a")
 
     runner.handle_control(project_delete(project))
     assert warm_of(engine, project, "thr_b") == set()
     assert warm_of(engine, project, "thr_a") == {busy_id}  # never killed mid-call
     assert CallState(state_client, worker="x").thread_ended(project, "thr_new")
 
+    release(engine, busy_id)
     call.join(30)
     assert (outcome["exit_code"], outcome["stdout"]) == (0, "finished\n")
     assert warm_of(engine, project, "thr_a") == set()
