@@ -7,6 +7,7 @@ project, and an outsider from another organization (healthchecks' alice/bob/char
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from tests.factories import (
     ProjectFactory,
     UserFactory,
 )
-from tests.support import unmount_workspace_quotas
+from tests.support import kestrel_containers, unmount_workspace_quotas
 from tests.upstream import Upstream, upstream_start
 
 # The acme production environment's ceiling in the shared world.
@@ -142,8 +143,10 @@ def _run_setup_script(script: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def docker_backend() -> DockerBackend:
-    """The Docker backend on the local engine, pinned to the tool image's id."""
+def docker_backend() -> Iterator[DockerBackend]:
+    """The Docker backend on the local engine, pinned to the tool image's id. At the end of
+    the session no Kestrel container that was not there at its start may be left, whichever
+    test (or process a test started) left it."""
     _run_setup_script(ENSURE_DOCKER)
     image_id = _run_setup_script(BUILD_IMAGE).splitlines()[-1]
     try:
@@ -151,7 +154,11 @@ def docker_backend() -> DockerBackend:
     except SandboxUnavailable as error:
         pytest.fail(f"Docker is required for this test: {error}", pytrace=False)
     assert backend.image_id == image_id
-    return backend
+    before = kestrel_containers(backend.client)
+    yield backend
+    after = kestrel_containers(backend.client)
+    leftovers = [what for container_id, what in after.items() if container_id not in before]
+    assert leftovers == [], f"containers left behind by the session: {leftovers}"
 
 
 @dataclass

@@ -11,10 +11,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def kestrel_containers(client: Any) -> dict[str, str]:
+    """Every Kestrel container on the engine: id -> what it is (name, status, labels), so a
+    leak names the call, thread or purpose that left it."""
+    from runners.sandbox.docker import MANAGED_LABEL
+
+    found = client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
+    return {
+        container.id: f"{container.name} ({container.status}) {container.labels}"
+        for container in found
+    }
 
 
 def free_port() -> int:
