@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import django_filters
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
@@ -69,26 +71,57 @@ class OrganizationViewSet(OrgScopedViewSet):
 
 
 class MemberSerializer(serializers.ModelSerializer):
+    """A member as the caller may read them (SURF-1): a limited member's projects are named
+    only where the caller sees them too, and the others are only counted.
+
+    The context holds ``seen``: the pks of the projects the caller sees, or None for all of
+    them (``member_context``); without it nothing is named."""
+
     id = serializers.CharField(source="public_id", read_only=True)
     user = serializers.SerializerMethodField()
-    projects = serializers.SerializerMethodField()
+    projects = serializers.SerializerMethodField(
+        help_text="The ids of a limited member's projects that you can see too; null when the "
+        "member has every project."
+    )
+    hidden_projects = serializers.SerializerMethodField(
+        help_text="How many of a limited member's projects you cannot see (they are not "
+        "named); null when the member has every project."
+    )
 
     class Meta:
         model = Membership
-        fields = ["id", "user", "role", "all_projects", "projects", "created_at"]
+        fields = ["id", "user", "role", "all_projects", "projects", "hidden_projects", "created_at"]
 
     def get_user(self, membership) -> dict:
         user = membership.user
         return {"id": user.public_id, "email": user.email, "name": user.name}
 
-    def get_projects(self, membership) -> list[str] | None:
-        if membership.all_projects:
-            return None
+    def _granted(self, membership) -> list[Project]:
         # A list has its page's grants read at once (MembershipViewSet.get_serializer).
         grants = self.context.get("grants")
         if grants is None:
             grants = member_project_grants([membership])
-        return sorted(project.public_id for project in grants.get(membership.user_id, []))
+        return grants.get(membership.user_id, [])
+
+    def _seen(self, project: Project) -> bool:
+        seen = self.context.get("seen", frozenset())
+        return seen is None or project.pk in seen
+
+    def get_projects(self, membership) -> list[str] | None:
+        if membership.all_projects:
+            return None
+        return sorted(p.public_id for p in self._granted(membership) if self._seen(p))
+
+    def get_hidden_projects(self, membership) -> int | None:
+        if membership.all_projects:
+            return None
+        return sum(not self._seen(p) for p in self._granted(membership))
+
+
+def member_context(principal, organization) -> dict[str, Any]:
+    """What ``MemberSerializer`` needs to show members to ``principal``."""
+    limit = Project.objects.limit_of(principal, organization)
+    return {"seen": None if limit is None else frozenset(limit.values_list("pk", flat=True))}
 
 
 class MemberAddedSerializer(MemberSerializer):
@@ -164,6 +197,12 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
     def restrict(self, queryset):
         return memberships_of(self.organization)
 
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), **self.member_context()}
+
+    def member_context(self) -> dict[str, Any]:
+        return member_context(self.principal, self.organization)
+
     def get_serializer(self, *args, **kwargs):
         if kwargs.get("many") and args:
             # One query for the limited members' projects of the whole page, not one each.
@@ -194,7 +233,9 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
             # (its host is one ALLOWED_HOSTS accepts).
             base_url=settings.KESTREL_PUBLIC_URL or request.build_absolute_uri("/"),
         )
-        body = MemberAddedSerializer(added.membership, context={"added": added}).data
+        body = MemberAddedSerializer(
+            added.membership, context={"added": added, **self.member_context()}
+        ).data
         # The link is a credential: no cache keeps it.
         return Response(body, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
 
@@ -215,7 +256,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
             projects=limited_to,
             all_projects="projects" in values and values["projects"] is None,
         )
-        return Response(MemberSerializer(membership).data)
+        return Response(MemberSerializer(membership, context=self.member_context()).data)
 
     def destroy(self, request, *args, **kwargs):
         services.membership_remove(actor=self.principal, membership=self.get_object())

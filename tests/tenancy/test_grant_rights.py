@@ -9,8 +9,10 @@ import pytest
 from rest_framework.test import APIClient
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
+from kestrel_one.accounts.scopes import Role
 from kestrel_one.accounts.services import token_create
 from kestrel_one.tenancy.models import Membership, Project
+from tests.conftest import make_person
 
 pytestmark = pytest.mark.spec("TEN-3")
 
@@ -244,3 +246,37 @@ def test_a_limited_admin_makes_projects_only_in_the_environments_of_its_own(worl
         )
     )
     assert anywhere.status_code == 201, anywhere.content
+
+
+@pytest.mark.spec("SURF-1", "TEN-3")
+def test_the_members_api_names_only_the_projects_the_caller_can_see(world):
+    """A member limited to hangar read, through the API, the ids of every project another
+    limited member holds; the console already named only its own. Now the others are only
+    counted, in the list, a member's page and what a change returns."""
+    both = make_person(
+        world.org, Role.MEMBER, name="both", projects=[world.project, world.other_project]
+    )
+    hidden = world.project.public_id  # launchpad: not the limited reader's
+    reader = world["limited"].client()
+    listed = {row["id"]: row for row in reader.get(MEMBERS).json()["results"]}
+    one = reader.get(f"{MEMBERS}/{both.membership.public_id}").json()
+    for row in (listed[both.membership.public_id], one):
+        assert row["projects"] == [world.other_project.public_id]
+        assert row["hidden_projects"] == 1
+        assert row["all_projects"] is False
+    assert hidden not in str(reader.get(MEMBERS).content)
+    # Someone who sees every project reads every id, and nothing hidden.
+    owner = world["owner"].client()
+    theirs = owner.get(f"{MEMBERS}/{both.membership.public_id}").json()
+    assert sorted(theirs["projects"]) == sorted([hidden, world.other_project.public_id])
+    assert theirs["hidden_projects"] == 0
+    everyone = owner.get(f"{MEMBERS}/{world['owner'].membership.public_id}").json()
+    assert (everyone["projects"], everyone["hidden_projects"]) == (None, None)
+    # What a limited admin's change returns is read the same way.
+    admin = limit_admin_to_hangar(world).client()
+    changed = admin.patch(
+        f"{MEMBERS}/{world['limited'].membership.public_id}", {"role": "viewer"}, format="json"
+    )
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["projects"] == [world.other_project.public_id]
+    assert changed.json()["hidden_projects"] == 0
