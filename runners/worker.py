@@ -188,7 +188,13 @@ def current_runner() -> Runner:
                 ),
                 mcp_servers=mcp,
                 discover_mcp=(
-                    (lambda request: discover(request, runner_id=config.runner_id))
+                    (
+                        lambda request: discover(
+                            request,
+                            runner_id=config.runner_id,
+                            max_seconds=config.max_call_seconds,
+                        )
+                    )
                     if docker_capable
                     else None
                 ),

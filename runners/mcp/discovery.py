@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import anyio
 import docker
 import docker.errors
 
+from runners.config import DEFAULT_MAX_CALL_SECONDS
 from runners.contract.canonical import canonical_json
 from runners.contract.mcp import (
     MANAGED_SERVERS,
@@ -34,6 +36,7 @@ from runners.mcp.errors import (
     McpImageMismatch,
     McpImageMissing,
     McpProtocolError,
+    McpTimeout,
     McpUnavailable,
 )
 from runners.mcp.servers import owner_labels, remove_orphaned_mcp_servers
@@ -110,9 +113,16 @@ def discover(
     client: Any | None = None,
     start_timeout: float = START_TIMEOUT_SECONDS,
     list_timeout: float = LIST_TIMEOUT_SECONDS,
+    max_seconds: float = DEFAULT_MAX_CALL_SECONDS,
 ) -> dict[str, Any]:
     """The report's claims for ``request`` (``image``, ``server_info``, ``tools``,
-    ``error``), without the envelope; failures become an error, never an exception."""
+    ``error``), without the envelope; failures become an error, never an exception.
+
+    The server's start and its listing together take at most ``max_seconds`` from now (the
+    runner's KESTREL_MAX_CALL_SECONDS, within which Celery lets a task run): past it the
+    discovery fails with a report, where Celery's hard limit would have ended the worker
+    and sent none."""
+    ends = time.monotonic() + max_seconds
     own = client is None
     image: str | None = None
     try:
@@ -131,8 +141,9 @@ def discover(
             profile,
             runner_id,
             request.discovery,
-            start_timeout,
+            min(start_timeout, max_seconds),
             list_timeout,
+            ends,
         )
         return {"image": image, "server_info": server_info, "tools": tools, "error": None}
     except McpError as error:
@@ -154,6 +165,7 @@ def _list(
     discovery: str,
     start_timeout: float,
     list_timeout: float,
+    ends: float,
 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
     workspace = _empty_workspace() if profile["workspace"] != "none" else None
 
@@ -169,7 +181,13 @@ def _list(
                 "name": str(init.server_info.name)[:256],
                 "version": str(init.server_info.version or "")[:256],
             }
-            return info, await list_tools(session, timeout_s=list_timeout)
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise McpTimeout(
+                    "the server started with no time left to list its tools within the "
+                    "runner's KESTREL_MAX_CALL_SECONDS"
+                )
+            return info, await list_tools(session, timeout_s=min(list_timeout, left))
 
     try:
         info, listed = anyio.run(listing)

@@ -348,6 +348,26 @@ def test_a_listing_that_fails_fails_the_discovery_with_its_own_error(
 
 
 @pytest.mark.docker
+def test_a_discovery_ends_within_the_runners_ceiling_with_a_report(
+    server_image: str, engine: Any, runner_id: str
+) -> None:
+    """A discovery could take its start's 60 s and its listing's 60 s whatever the runner's
+    KESTREL_MAX_CALL_SECONDS, within which Celery lets a task run: past it the worker was
+    ended and no report sent, and the server stayed "discovering". Both now share that
+    ceiling, and what is past it is the report's error."""
+    command = ["python3", "/opt/h1-test/server.py", "--list-delay", "20"]
+    request = verify_request(
+        sign_discovery_request(
+            request_claims(profile=profile(server_image, command=command)), CONTROL_KEY
+        )
+    )
+    report = discover(request, runner_id=runner_id, max_seconds=10)
+    assert report["tools"] is None and report["image"] == server_image
+    assert report["error"]["code"] in {"mcp_timeout", "mcp_start_failed"}, report["error"]
+    assert _discovery_containers(engine) == []
+
+
+@pytest.mark.docker
 @pytest.mark.spec("MCP-1")
 def test_discovery_verifies_a_custom_image_against_the_engine(
     server_image: str, discovering_runner: tuple[Runner, list[str]], engine: Any
