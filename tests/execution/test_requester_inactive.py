@@ -91,3 +91,47 @@ def test_an_approved_call_is_not_signed_once_its_requester_can_no_longer_act(wor
     assert action.error["code"] == "requester_inactive"
     assert action.command_digest == "" and action.attempt == 0
     assert action.sealed_args == ""
+
+
+@pytest.mark.parametrize("how", ["demoted to viewer", "no longer shown the project"])
+def test_a_waiting_call_is_cancelled_once_its_person_may_no_longer_request_it(world, how):
+    """Losing the authority to request a call is losing it as surely as a revoked token: a
+    member demoted to viewer (no projects:write) or no longer shown the project is denied any
+    new call there, and an approval does not let one already waiting run on their behalf."""
+    member = world["member"]
+    requester = Principal(PrincipalKind.TOKEN, user=member.user, token=member.token)
+    waiting = action_request(
+        actor=requester, thread=world.thread, tool="shell.exec", args={"argv": ["make"]}
+    )
+    assert waiting.state == ActionState.AWAITING_APPROVAL
+    if how == "demoted to viewer":
+        type(member.membership).objects.filter(pk=member.membership.pk).update(role="viewer")
+    else:
+        type(member.membership).objects.filter(pk=member.membership.pk).update(
+            all_projects=False
+        )
+
+    refused = world["owner"].client().post(approve_url(world, waiting), {}, format="json")
+
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["error"]["code"] == "requester_inactive"
+    waiting.refresh_from_db()
+    assert waiting.state == ActionState.CANCELLED
+    assert not Approval.objects.filter(action=waiting).exists()
+
+
+def test_an_approved_call_is_not_signed_once_its_person_is_demoted(world):
+    member = world["member"]
+    requester = Principal(PrincipalKind.TOKEN, user=member.user, token=member.token)
+    action = action_request(
+        actor=requester, thread=world.thread, tool="shell.exec", args={"argv": ["make"]}
+    )
+    owner = Principal(PrincipalKind.TOKEN, user=world["owner"].user, token=world["owner"].token)
+    approval_decide(actor=owner, action=action, approve=True)
+    type(member.membership).objects.filter(pk=member.membership.pk).update(role="viewer")
+
+    assert action_dispatch(action_id=action.pk) is False
+    action = Action.objects.get(pk=action.pk)
+    assert action.state == ActionState.CANCELLED
+    assert action.error["code"] == "requester_inactive"
+    assert action.command_digest == ""
