@@ -122,28 +122,23 @@ def _policy_unchanged(action: Action) -> bool:
     )
 
 
+EXPIRED_MESSAGE = "This action waited too long for approval and expired; request it again."
+
+
 def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -> Approval:
     """Record a person's approval or denial of exactly this action.
 
-    An action that waited past the approval window is ended as expired first, in its own
-    transaction, so the refusal that follows does not roll the expiry back; likewise one whose
-    requester can no longer act is cancelled rather than approved (``execution.requesters``).
+    An action that waited past the approval window is ended as expired instead, judged on
+    the row as it is locked for the decision (never on the caller's earlier read of it), and
+    committed before the refusal, so the refusal does not roll the expiry back; likewise one
+    whose requester can no longer act is cancelled rather than approved
+    (``execution.requesters``).
     """
-    window = timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
-    if (
-        action.state == ActionState.AWAITING_APPROVAL
-        and timezone.now() > action.created_at + window
-    ):
-        end_action(
-            action,
-            ActionState.AWAITING_APPROVAL,
-            ActionState.EXPIRED,
-            *APPROVAL_EXPIRED,
-        )
-        raise Conflict("This action waited too long for approval and expired; request it again.")
     approval = _decide(actor=actor, action=action, approve=approve, reason=reason)
     if approval is None:
         state, error = Action.objects.values_list("state", "error").get(pk=action.pk)
+        if error["code"] == APPROVAL_EXPIRED[0]:
+            raise Conflict(EXPIRED_MESSAGE, details={"state": state})
         refusal = RequesterInactive if error["code"] == REQUESTER_INACTIVE else Conflict
         raise refusal(error["message"], details={"state": state})
     return approval
@@ -151,9 +146,9 @@ def approval_decide(*, actor, action: Action, approve: bool, reason: str = "") -
 
 @transaction.atomic
 def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | None:
-    """The decision, or None when the action ended instead, recorded with its error: a policy
-    published since the request now denies it, or (for an approval) its requester can no
-    longer act, so it is cancelled."""
+    """The decision, or None when the action ended instead, recorded with its error: it
+    waited past the approval window (expired), a policy published since the request now
+    denies it, or (for an approval) its requester can no longer act, so it is cancelled."""
     # Before the action's row, in the order a publish takes them (policy_versions_lock).
     policy_versions_lock(action.project)
     action = (
@@ -172,6 +167,11 @@ def _decide(*, actor, action: Action, approve: bool, reason: str) -> Approval | 
         raise Conflict(
             f"This action is {action.state}; only an action awaiting approval can be decided."
         )
+    # Judged here, on the locked row: the window is the row's, whatever the caller read.
+    window = timedelta(seconds=settings.KESTREL_APPROVAL_TTL_SECONDS)
+    if timezone.now() > action.created_at + window:
+        end_action(action, ActionState.AWAITING_APPROVAL, ActionState.EXPIRED, *APPROVAL_EXPIRED)
+        return None
     if approve:
         # An approval would dispatch a new call into a thread that has ended; a denial
         # only settles the action, so it stays possible.
