@@ -107,9 +107,7 @@ def test_a_waiting_call_is_cancelled_once_its_person_may_no_longer_request_it(wo
     if how == "demoted to viewer":
         type(member.membership).objects.filter(pk=member.membership.pk).update(role="viewer")
     else:
-        type(member.membership).objects.filter(pk=member.membership.pk).update(
-            all_projects=False
-        )
+        type(member.membership).objects.filter(pk=member.membership.pk).update(all_projects=False)
 
     refused = world["owner"].client().post(approve_url(world, waiting), {}, format="json")
 
