@@ -250,15 +250,22 @@ class _Reader:
             good.append((index, item, converted))
         return good
 
-    def names(
+    def name_items(
         self, value: object, path: str, pattern: re.Pattern[str], what: str, *, cap: str
-    ) -> frozenset[str] | None:
+    ) -> list[tuple[int, str, Any]] | None:
+        """``items`` for a list of names: ``(index, name, name)`` for each valid one."""
+
         def convert(text: str) -> str:
             if not pattern.fullmatch(text):
                 raise ValueError(f"not a valid {what} name")
             return text
 
-        items = self.items(value, path, convert, cap=cap)
+        return self.items(value, path, convert, cap=cap)
+
+    def names(
+        self, value: object, path: str, pattern: re.Pattern[str], what: str, *, cap: str
+    ) -> frozenset[str] | None:
+        items = self.name_items(value, path, pattern, what, cap=cap)
         return None if items is None else frozenset(text for _, text, _ in items)
 
     def limits(self, grant: Mapping[str, Any], path: str) -> Limits:
@@ -423,11 +430,13 @@ def _mcp(reader: _Reader, raw: object, path: str) -> McpGrant | None:
         )
         dangerous: frozenset[str] = frozenset()
         if "dangerous" in entry:
-            opted = reader.names(
+            # Only the items that are valid names are checked against the tools: the others
+            # have their issue already, and may be anything JSON holds (a list, an object).
+            opted = reader.name_items(
                 entry["dangerous"], f"{at}.dangerous", _TOOL_OR_OPERATION, "tool", cap="tools"
             )
-            dangerous = opted or frozenset()
-            for index, name in enumerate(entry["dangerous"] if opted else ()):
+            dangerous = frozenset(name for _, name, _ in opted or ())
+            for index, name, _ in opted or ():
                 if tools is not None and name not in tools:
                     reader.issue(
                         f"{at}.dangerous[{index}]", f"'{name}' is not one of this server's tools"

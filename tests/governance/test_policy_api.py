@@ -217,6 +217,20 @@ def test_malformed_policy_names_the_exact_path(world):
     assert [i["path"] for i in issues] == ["capabilities.net.http.allow[1]"]
 
 
+def test_a_dangerous_opt_in_that_is_no_name_is_a_400_at_its_path(world):
+    """Not a 500: an opt-in list may hold anything JSON does, and the parser reports each
+    item that is no name at its place instead of comparing it with the server's tools."""
+    document = {
+        "capabilities": {
+            "mcp.call": {"servers": {"github": {"tools": ["a"], "dangerous": ["a", ["b"]]}}}
+        }
+    }
+    response = world["owner"].client().put(env_url(world), document, format="json")
+    assert response.status_code == 400, response.content
+    issues = response.json()["error"]["details"]["issues"]
+    assert [i["path"] for i in issues] == ["capabilities.mcp.call.servers.github.dangerous[1]"]
+
+
 def test_environment_without_policy_grants_nothing(world):
     response = (
         world["owner"]

@@ -131,6 +131,18 @@ MALFORMED = [
         "capabilities.mcp.call.servers.github.dangerous[0]",
         "not one of this server's tools",
     ),
+    # A dangerous opt-in that is no name at all (a list, an object: JSON can hold anything)
+    # is reported at its place, not compared with the server's tools.
+    (
+        caps(mcp_call={"servers": {"github": {"tools": ["search"], "dangerous": [["search"]]}}}),
+        "capabilities.mcp.call.servers.github.dangerous[0]",
+        "must be a string",
+    ),
+    (
+        caps(mcp_call={"servers": {"github": {"tools": ["a"], "dangerous": ["a", {"b": 1}]}}}),
+        "capabilities.mcp.call.servers.github.dangerous[1]",
+        "must be a string",
+    ),
     (
         caps(mcp_call={"servers": {"github": {}}}),
         "capabilities.mcp.call.servers.github.tools",
