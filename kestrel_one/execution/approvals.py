@@ -77,14 +77,20 @@ def require_person(
             f"To {act} {what} you need the actions:approve scope, which your role or this "
             "token does not have. A token gets it only when a person makes it in the console."
         )
+    require_other_lineage(actor, requested_by_lineage, act=act, what=what)
+    if actor.reauthenticated is False:
+        raise ReauthenticationRequired(f"{act} {what}")
+
+
+def require_other_lineage(actor, requested_by_lineage: str, *, act: str, what: str) -> None:
+    """No token of the lineage that made a request decides on it, whoever it speaks for (a
+    person, or a named check): a token minted by a token is the same agent."""
     if requested_by_lineage and actor.lineage == requested_by_lineage:
         raise PermissionDenied(
             f"The token that made the request, or any token minted in the same chain (its "
             f"lineage), cannot {act} {what}: a token minted by a token is the same agent. "
             "Sign in to the console, or use a token made there for deciding."
         )
-    if actor.reauthenticated is False:
-        raise ReauthenticationRequired(f"{act} {what}")
 
 
 def _digest_intact(action: Action) -> None:
@@ -249,8 +255,8 @@ def verification_record(
     receipt's observed effects are evidence, never acceptance by themselves (AUD-4).
 
     Either way it needs its own evidence. A named check speaks only through a token bound to
-    it (``ApiToken.checks``); a person never accepts through a token of the lineage that
-    requested the action.
+    it (``ApiToken.checks``); neither a person nor a check accepts through a token of the
+    lineage that requested the action: an agent never accepts its own work.
     """
     if not _has_substance(evidence or ""):
         raise ValidationFailed(
@@ -267,6 +273,12 @@ def verification_record(
                 f'with "checks": ["{check_name}"].',
                 details={"check": ["not bound to this token"]},
             )
+        require_other_lineage(
+            actor,
+            action.requested_by_lineage,
+            act="accept or reject",
+            what=f"this task as the check '{check_name}'",
+        )
         verified_by = f"check:{check_name}"
     else:
         require_person(

@@ -10,7 +10,8 @@ from kestrel_one.accounts.principal import Principal, PrincipalKind, system_prin
 from kestrel_one.accounts.services import token_create
 from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.execution.approvals import verification_record
-from kestrel_one.execution.models import Verification
+from kestrel_one.execution.models import Action, ActionState, Verification
+from kestrel_one.execution.services import action_request
 
 pytestmark = pytest.mark.spec("AUD-4")
 
@@ -189,3 +190,40 @@ def test_verifications_are_listed_a_page_at_a_time(world):
     assert [v["id"] for v in rest.json()["results"]] == made[2:]
     assert rest.json()["next"] is None
     assert client.get(verifications_url(world), {"limit": "all"}).status_code == 400
+
+
+def test_a_check_never_accepts_a_task_its_own_lineage_requested(world):
+    """A check token is an agent like any other: bound to a check, it may still request
+    actions, and what it requested it never accepts (nor rejects) as that check."""
+    token, plaintext = token_create(
+        actor=system_principal("tests"),
+        organization=world.org,
+        name="ci",
+        scopes=["org:read", "projects:read", "projects:write"],
+        integration=True,
+        checks=["ci"],
+    )
+    own = action_request(
+        actor=Principal(PrincipalKind.TOKEN, token=token),
+        thread=world.thread,
+        tool="fs.read",
+        args={"path": "README.md"},
+    )
+    Action.objects.filter(pk=own.pk).update(state=ActionState.SUCCEEDED)
+    url = verifications_url(world).replace(world.finished_action.public_id, own.public_id)
+
+    response = bearer(plaintext).post(
+        url, {"accepted": True, "evidence": "ci run 982 green", "check": "ci"}, format="json"
+    )
+
+    assert response.status_code == 403, response.content
+    assert response.json()["error"]["code"] == "permission_denied"
+    assert "lineage" in response.json()["error"]["message"]
+    assert not Verification.objects.filter(action=own).exists()
+    # The same check still speaks on what another agent requested.
+    other = bearer(plaintext).post(
+        verifications_url(world),
+        {"accepted": True, "evidence": "ci run 982 green", "check": "ci"},
+        format="json",
+    )
+    assert other.status_code == 201, other.content
