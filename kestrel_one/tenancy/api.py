@@ -197,21 +197,18 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
     def restrict(self, queryset):
         return memberships_of(self.organization)
 
-    def get_serializer_context(self) -> dict[str, Any]:
-        return {**super().get_serializer_context(), **self.member_context()}
-
     def member_context(self) -> dict[str, Any]:
         return member_context(self.principal, self.organization)
 
     def get_serializer(self, *args, **kwargs):
-        if kwargs.get("many") and args:
-            # One query for the limited members' projects of the whole page, not one each.
-            rows = list(args[0])
-            kwargs["context"] = {
-                **self.get_serializer_context(),
-                "grants": member_project_grants(rows),
-            }
-            args = (rows, *args[1:])
+        if args:  # members to show (not the schema's bare serializer): as this caller sees them
+            context = {**self.get_serializer_context(), **self.member_context()}
+            if kwargs.get("many"):
+                # One query for the limited members' projects of the whole page, not one each.
+                rows = list(args[0])
+                context["grants"] = member_project_grants(rows)
+                args = (rows, *args[1:])
+            kwargs["context"] = context
         return super().get_serializer(*args, **kwargs)
 
     @extend_schema(request=MemberCreateSerializer, responses={201: MemberAddedSerializer})
