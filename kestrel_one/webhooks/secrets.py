@@ -13,7 +13,7 @@ import hashlib
 import secrets
 from functools import lru_cache
 
-from cryptography.fernet import Fernet
+from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
@@ -42,8 +42,27 @@ def secret_encrypt(secret: str) -> str:
     return _cipher().encrypt(secret.encode()).decode()
 
 
+class SecretUnreadable(Exception):
+    """A stored secret that the current key cannot decrypt: the key's root changed."""
+
+
 def secret_decrypt(ciphertext: str) -> str:
-    return _cipher().decrypt(ciphertext.encode()).decode()
+    """The stored secret; SecretUnreadable when the current key did not encrypt it."""
+    try:
+        return _cipher().decrypt(ciphertext.encode()).decode()
+    except InvalidToken:
+        raise SecretUnreadable(
+            "the signing secret cannot be decrypted (the encryption key changed); "
+            "rotate the endpoint's secret"
+        ) from None
+
+
+def secret_readable(ciphertext: str) -> bool:
+    try:
+        secret_decrypt(ciphertext)
+    except SecretUnreadable:
+        return False
+    return True
 
 
 def secret_fingerprint(secret: str) -> str:

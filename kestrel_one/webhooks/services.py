@@ -9,6 +9,7 @@ hands it to another worker when the lease runs out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -43,10 +44,12 @@ from kestrel_one.webhooks.models import (
     WebhookMessage,
 )
 from kestrel_one.webhooks.secrets import (
+    SecretUnreadable,
     secret_decrypt,
     secret_encrypt,
     secret_fingerprint,
     secret_generate,
+    secret_readable,
 )
 from kestrel_one.webhooks.selectors import (
     deliveries_due_filter,
@@ -200,6 +203,10 @@ def webhook_secret_rotate(
     now = timezone.now()
     secret = secret_generate()
     previous_fingerprint = endpoint.secret_fingerprint
+    # A secret the current key cannot decrypt (its root changed) can sign nothing: no
+    # overlap for it, or every delivery of the overlap would fail to be signed.
+    if overlap_seconds and not secret_readable(endpoint.secret_encrypted):
+        overlap_seconds = 0
     endpoint.previous_secret_encrypted = endpoint.secret_encrypted if overlap_seconds else ""
     endpoint.previous_secret_expires_at = (
         now + timedelta(seconds=overlap_seconds) if overlap_seconds else None
@@ -349,13 +356,16 @@ def retry_delay(attempts: int) -> float | None:
 def _signature_header(endpoint: WebhookEndpoint, *, msg_id: str, at: datetime, body: str) -> str:
     """``v1,<sig>`` with the current secret, and during a rotation's overlap also with the
     previous one, space separated as Standard Webhooks specifies."""
-    secrets = [secret_decrypt(endpoint.secret_encrypted)]
+    secrets = [secret_decrypt(endpoint.secret_encrypted)]  # SecretUnreadable: no signature
     if (
         endpoint.previous_secret_encrypted
         and endpoint.previous_secret_expires_at
         and endpoint.previous_secret_expires_at > at
     ):
-        secrets.append(secret_decrypt(endpoint.previous_secret_encrypted))
+        # The previous secret is a courtesy during the overlap: one that no longer decrypts
+        # is left out, and the current one still signs.
+        with contextlib.suppress(SecretUnreadable):
+            secrets.append(secret_decrypt(endpoint.previous_secret_encrypted))
     return " ".join(
         Webhook(secret).sign(msg_id=msg_id, timestamp=at, data=body) for secret in secrets
     )
@@ -408,15 +418,29 @@ def delivery_attempt(*, delivery_id: int) -> str:
     if not endpoint.enabled:
         _finish(delivery, DeliveryState.FAILED, error="endpoint disabled", status=None)
         return "endpoint-disabled"
-    headers = signed_headers(endpoint, delivery.message, at=started)
     status, error = None, ""
+    # Every way this can go wrong ends as a recorded failure on the retry schedule: an
+    # exception that escaped would leave the delivery claimed, re-claimed by the sweep each
+    # lease, forever, its attempts counting past the schedule.
     try:
+        headers = signed_headers(endpoint, delivery.message, at=started)
         answer = net.post(endpoint.url, body=delivery.message.body.encode(), headers=headers)
         status = answer.status
+    except SecretUnreadable as unreadable:
+        error = f"not signed: {unreadable}"
     except net.DestinationRefused as refused:
         error = f"destination refused: {refused}"
     except net.SendFailed as failed:
         error = f"send failed: {failed}"
+    except Exception as unexpected:
+        # Its type only: a message could quote the URL's path or query, where consumers
+        # keep their own tokens.
+        logger.error(
+            "webhook attempt failed unexpectedly: %s (delivery %s)",
+            type(unexpected).__name__,
+            delivery.pk,
+        )
+        error = f"the attempt failed inside the service ({type(unexpected).__name__})"
     if status is not None and 200 <= status < 300:
         if _finish(delivery, DeliveryState.DELIVERED, error="", status=status):
             WebhookEndpoint.objects.filter(pk=endpoint.pk).update(

@@ -347,3 +347,75 @@ def test_retention_deletes_old_messages_no_delivery_still_waits_to_send(world, e
     }
     record = AuditRecord.objects.get(organization=world.org, action="retention.sweep")
     assert record.data["deleted"]["webhook_messages"] == 2
+
+
+# An attempt always records its outcome ---------------------------------------------------
+
+
+def _attempt_until_done(delivery) -> list[str]:
+    outcomes = []
+    for _ in range(10):
+        WebhookDelivery.objects.filter(pk=delivery.pk, state="pending").update(
+            next_attempt_at=timezone.now()
+        )
+        outcomes.append(delivery_attempt(delivery_id=delivery.pk))
+        if outcomes[-1] != "retry":
+            break
+    return outcomes
+
+
+@pytest.mark.spec("API-5")
+def test_an_unreadable_signing_secret_fails_the_attempt_on_schedule_never_holds_it(
+    world, webhook_settings, consumer_thread, enqueued
+):
+    """The encryption key's root changed (docs/webhooks.md): the stored secret no longer
+    decrypts. The attempt is a recorded failure that follows the retry schedule, so the
+    delivery ends instead of being re-claimed by the sweep every lease, forever."""
+    endpoint, _ = endpoint_for(world, consumer_thread.url("/ok/a"), "policy.published")
+    delivery = emit(world).deliveries.get()
+    webhook_settings.KESTREL_WEBHOOK_ENCRYPTION_KEY = "a-new-root-the-secret-was-not-made-with"
+
+    assert _attempt_until_done(delivery) == ["retry", "retry", "retry", "failed"]
+    delivery.refresh_from_db()
+    assert delivery.state == DeliveryState.FAILED and delivery.lease_expires_at is None
+    assert "cannot be decrypted" in delivery.last_error and "rotate" in delivery.last_error
+    assert consumer_thread.received() == []  # nothing unsigned ever left
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled and endpoint.disabled_reason == "failing"
+
+
+@pytest.mark.spec("API-5")
+def test_rotating_after_the_key_changed_signs_with_the_new_secret_alone(
+    world, webhook_settings, consumer_thread, enqueued
+):
+    """The documented way out of a changed key (rotate every endpoint) works at once, even
+    with the default overlap: an old secret that no longer decrypts signs nothing."""
+    endpoint, _ = endpoint_for(world, consumer_thread.url("/ok/a"), "policy.published")
+    webhook_settings.KESTREL_WEBHOOK_ENCRYPTION_KEY = "a-new-root-the-secret-was-not-made-with"
+    endpoint, secret = services.webhook_secret_rotate(
+        actor=SYSTEM, endpoint=endpoint, overlap_seconds=3600
+    )
+    consumer_thread.trust("/ok/a", secret)
+    delivery = emit(world).deliveries.get()
+    assert delivery_attempt(delivery_id=delivery.pk) == "delivered"
+    (received,) = consumer_thread.received()
+    assert received["verified_with"] == [0]
+    assert len(received["headers"]["webhook-signature"].split(" ")) == 1
+
+
+def test_an_unexpected_error_inside_an_attempt_is_recorded_not_left_holding_the_lease(
+    world, webhook_settings, consumer_thread, enqueued, monkeypatch
+):
+    """Whatever goes wrong inside the send, the attempt ends as a recorded failure (its type
+    only: a message could quote the URL's path, where consumers keep tokens)."""
+    endpoint_for(world, consumer_thread.url("/ok/a?key=" + PLAIN_CANARY), "policy.published")
+    delivery = emit(world).deliveries.get()
+
+    def broken_post(url, **kwargs):
+        raise ValueError(f"cannot send to {url}")
+
+    monkeypatch.setattr(services.net, "post", broken_post)
+    assert _attempt_until_done(delivery) == ["retry", "retry", "retry", "failed"]
+    delivery.refresh_from_db()
+    assert delivery.state == DeliveryState.FAILED and delivery.attempts == 4
+    assert "ValueError" in delivery.last_error and PLAIN_CANARY not in delivery.last_error
