@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 
 import pytest
@@ -144,6 +145,31 @@ def test_cursor_pages_walk_the_log_newest_first_without_repeats(world):
     first = items[-1]
     assert first["sequence"] == 1 and first["prev_hash"] == "0" * 64
     assert all(len(item["hash"]) == 64 for item in items)
+
+
+@pytest.mark.spec("API-6")
+@pytest.mark.parametrize(
+    ("url", "raw"),
+    [
+        (URL, "p=abc"),
+        (URL, "p=1e400"),
+        *(
+            (url, raw)
+            for url in (URL, "/api/v1/orgs/acme/artifacts", "/api/v1/orgs/acme/webhooks")
+            for raw in ("p=%00", "o=5&p=%00", "o=x", "not base64!")
+        ),
+    ],
+)
+def test_a_hand_edited_cursor_is_a_400_naming_it(world, url, raw):
+    """A cursor is opaque but only base64: one edited to a position the ordering field cannot
+    hold (a word where the audit log orders by sequence, a NUL) was a 500, and one that does
+    not decode a 404 that blamed the organization slug."""
+    cursor = raw if " " in raw else base64.b64encode(raw.encode()).decode()
+    response = world["owner"].client().get(url, {"cursor": cursor})
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid" and "cursor" in error["details"], error
+    assert "next" in error["message"], error
 
 
 @pytest.mark.spec("AUD-2", "CRED-1")
