@@ -23,6 +23,9 @@ REPLAY_RESULT_MAX_BYTES = 8192
 REPLAY_SMALL_MAX_BYTES = 2048
 REPLAY_PAGE_DEFAULT = 500
 REPLAY_PAGE_MAX = 1000
+# The last page lists at most this many of the thread's artifacts, and of its checkpoints
+# (the oldest first); ``artifacts_more`` / ``checkpoints_more`` say when there are more.
+REPLAY_RECORDS_MAX = 1000
 
 # What a share link shows (TEN-6) is built from allowlists: a field is shown only once it is
 # named here, so a field added to a record later stays out of shared views by default. No
@@ -247,22 +250,33 @@ def thread_replay(
     if shared:
         replay = _shared_replay(replay, thread=thread, action_ids=action_order)
     if not more:
-        replay["artifacts"] = [
-            artifact_projection(artifact, shared=shared)
-            for artifact in thread.artifacts.select_related("project", "thread", "action").order_by(
+        # Bounded like the events: a thread's records grow with every call it makes.
+        artifacts = _first_records(
+            thread.artifacts.select_related("project", "thread", "action").order_by("public_id")
+        )
+        checkpoints = _first_records(
+            thread.checkpoints.select_related("artifact", "project", "thread", "action").order_by(
                 "public_id"
             )
+        )
+        replay["artifacts"] = [
+            artifact_projection(artifact, shared=shared) for artifact in artifacts[0]
         ]
+        replay["artifacts_more"] = artifacts[1]
         replay["checkpoints"] = [
-            checkpoint_projection(checkpoint, shared=shared)
-            for checkpoint in thread.checkpoints.select_related(
-                "artifact", "project", "thread", "action"
-            ).order_by("public_id")
+            checkpoint_projection(checkpoint, shared=shared) for checkpoint in checkpoints[0]
         ]
+        replay["checkpoints_more"] = checkpoints[1]
     if shared:
         return shared_view(replay)
     replay["thread"]["project"] = thread.project.public_id
     return replay
+
+
+def _first_records(queryset) -> tuple[list, bool]:
+    """At most REPLAY_RECORDS_MAX rows of ``queryset``, and whether it holds more."""
+    rows = list(queryset[: REPLAY_RECORDS_MAX + 1])
+    return rows[:REPLAY_RECORDS_MAX], len(rows) > REPLAY_RECORDS_MAX
 
 
 def _shared_replay(replay: dict, *, thread, action_ids: list[int]) -> dict:

@@ -123,3 +123,33 @@ def test_replay_follows_project_visibility(world, records):
         response = world[name].client().get(replay_url(records))
         assert response.status_code == 404 and response.content == missing.content
     assert world["anonymous"].client().get(replay_url(records)).status_code == 401
+
+
+@pytest.mark.spec("AUD-5", "TEN-6")
+def test_the_last_page_lists_a_bounded_number_of_artifacts_and_says_when_there_are_more(
+    world, records, monkeypatch
+):
+    """Events come in pages, and so must the records listed beside them: a thread's
+    artifacts grow with every call (up to 18 each), and a share link serves the replay to
+    anyone holding it, so one request must not list them all."""
+    from kestrel_one.artifacts import selectors
+    from kestrel_one.artifacts.services import artifact_create, share_create
+
+    monkeypatch.setattr(selectors, "REPLAY_RECORDS_MAX", 3, raising=False)
+    made = [
+        artifact_create(
+            project=records.project,
+            thread=records.thread,
+            kind="file",
+            name=f"out/{index}.txt",
+            content=b"x",
+            created_by="tests",
+        )
+        for index in range(5)
+    ]
+    body = world["owner"].client().get(replay_url(records)).json()
+    assert [a["id"] for a in body["artifacts"]] == sorted(a.public_id for a in made)[:3]
+    assert body["artifacts_more"] is True and body["checkpoints_more"] is False
+    _, token = share_create(actor=person(world["owner"]), thread=records.thread, expires_in=600)
+    shared = world["anonymous"].client().get(f"/api/v1/shared/{token}").json()["replay"]
+    assert len(shared["artifacts"]) == 3 and shared["artifacts_more"] is True
