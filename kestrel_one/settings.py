@@ -682,7 +682,12 @@ except ValueError as exc:
 KESTREL_EGRESS_CA_BUNDLE = env_str("KESTREL_EGRESS_CA_BUNDLE")
 KESTREL_EGRESS_OVERRIDES_IN_HOSTED = env_bool("KESTREL_EGRESS_OVERRIDES_IN_HOSTED", False)
 if HOSTED and not KESTREL_EGRESS_OVERRIDES_IN_HOSTED:
-    for _name in ("KESTREL_EGRESS_HOST_OVERRIDES", "KESTREL_EGRESS_CA_BUNDLE"):
+    # The webhook allowlist too: it admits refused addresses for URLs tenants choose.
+    for _name in (
+        "KESTREL_EGRESS_HOST_OVERRIDES",
+        "KESTREL_EGRESS_CA_BUNDLE",
+        "KESTREL_WEBHOOK_ALLOW_ADDRESSES",
+    ):
         if env_str(_name):
             raise ImproperlyConfigured(
                 f"{_name} is refused in hosted mode unless KESTREL_EGRESS_OVERRIDES_IN_HOSTED=1"

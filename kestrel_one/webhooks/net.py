@@ -54,6 +54,12 @@ def _allowlist(entries: tuple[str, ...]) -> tuple[IPNetwork, ...]:
 
 
 def _allowed_networks() -> tuple[IPNetwork, ...]:
+    """The development allowlist; in hosted mode nothing, unless the operator enabled
+    development settings there explicitly (``KESTREL_EGRESS_OVERRIDES_IN_HOSTED``): it opens
+    refused ranges to URLs that tenants choose. Settings refuse to start otherwise; this is
+    the same rule for a process whose settings changed after startup."""
+    if settings.HOSTED and not getattr(settings, "KESTREL_EGRESS_OVERRIDES_IN_HOSTED", False):
+        return ()
     return _allowlist(tuple(settings.KESTREL_WEBHOOK_ALLOW_ADDRESSES))
 
 

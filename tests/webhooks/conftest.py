@@ -109,6 +109,7 @@ def consumer_thread(tmp_path, tls_identity):
 def webhook_settings(settings, tls_identity):
     """Loopback allowlisted (tests only), the consumer's CA trusted, tiny retry delays."""
     settings.KESTREL_WEBHOOK_ALLOW_ADDRESSES = ["127.0.0.1/32"]
+    settings.KESTREL_EGRESS_OVERRIDES_IN_HOSTED = True  # the tests run in hosted mode
     settings.KESTREL_WEBHOOK_CA_BUNDLE = str(tls_identity["cert"])
     settings.KESTREL_WEBHOOK_RETRY_DELAYS = [0.01, 0.01, 0.01]
     settings.KESTREL_WEBHOOK_TIMEOUT_SECONDS = 5

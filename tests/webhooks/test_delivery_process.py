@@ -198,6 +198,7 @@ def worker(django_db_setup, django_db_blocker, module_dir, tls_identity, worker_
         "KESTREL_DATA_DIR": str(settings.KESTREL_DATA_DIR),
         # Tests only: the consumer listens on loopback, with its own CA.
         "KESTREL_WEBHOOK_ALLOW_ADDRESSES": "127.0.0.1/32",
+        "KESTREL_EGRESS_OVERRIDES_IN_HOSTED": "1",
         "KESTREL_WEBHOOK_CA_BUNDLE": str(tls_identity["cert"]),
         "KESTREL_WEBHOOK_RETRY_DELAYS": ",".join(["0.2", "0.5"] + ["1"] * 18),
         "KESTREL_WEBHOOK_TIMEOUT_SECONDS": "20",

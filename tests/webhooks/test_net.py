@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from kestrel_one.webhooks import net
+from tests.test_settings import HOSTED, run_manage
 from tests.webhooks.conftest import TEST_HOST
 
 REFUSED = [
@@ -70,6 +71,7 @@ def test_a_name_resolving_to_a_refused_address_is_refused_unless_allowlisted(
 
     allowed = "127.0.0.1" if address.startswith("::ffff:") else address
     settings.KESTREL_WEBHOOK_ALLOW_ADDRESSES = [f"{allowed}/32"]
+    settings.KESTREL_EGRESS_OVERRIDES_IN_HOSTED = True  # the tests run in hosted mode
     assert net.destination_addresses(destination) == [ipaddress.ip_address(address)]
 
 
@@ -146,3 +148,36 @@ def test_loopback_is_refused_without_the_allowlist(webhook_settings, consumer_th
     with pytest.raises(net.DestinationRefused, match="loopback"):
         net.post(consumer_thread.url("/ok/x"), body=b"{}", headers={})
     assert consumer_thread.received() == []
+
+
+@pytest.mark.spec("API-5")
+def test_the_development_allowlist_admits_nothing_in_hosted_mode_unless_enabled(
+    monkeypatch, settings
+):
+    """``KESTREL_WEBHOOK_ALLOW_ADDRESSES`` opens refused ranges to URLs that tenants choose:
+    in hosted mode it counts only beside the operator's explicit switch for development
+    settings (KESTREL_EGRESS_OVERRIDES_IN_HOSTED), like the egress overrides."""
+    _resolving_to(monkeypatch, {"evil.example.com": ["10.1.2.3"]})
+    destination = net.destination_parse("https://evil.example.com/hook")
+    settings.KESTREL_WEBHOOK_ALLOW_ADDRESSES = ["10.0.0.0/8"]
+    settings.HOSTED, settings.KESTREL_EGRESS_OVERRIDES_IN_HOSTED = True, False
+    with pytest.raises(net.DestinationRefused, match="private"):
+        net.destination_addresses(destination)
+    with pytest.raises(net.DestinationRefused, match="private"):
+        net.destination_parse("https://10.1.2.3/hook")
+
+    settings.KESTREL_EGRESS_OVERRIDES_IN_HOSTED = True
+    assert net.destination_addresses(destination) == [ipaddress.ip_address("10.1.2.3")]
+    settings.HOSTED, settings.KESTREL_EGRESS_OVERRIDES_IN_HOSTED = False, False
+    assert net.destination_addresses(destination) == [ipaddress.ip_address("10.1.2.3")]
+
+
+def test_hosted_startup_refuses_the_webhook_allowlist_unless_explicitly_enabled():
+    variable = "KESTREL_WEBHOOK_ALLOW_ADDRESSES"
+    refused = run_manage({**HOSTED, variable: "10.0.0.0/8"}, "check")
+    assert refused.returncode != 0
+    assert f"{variable} is refused in hosted mode" in refused.stderr
+    enabled = run_manage(
+        {**HOSTED, variable: "10.0.0.0/8", "KESTREL_EGRESS_OVERRIDES_IN_HOSTED": "1"}, "check"
+    )
+    assert enabled.returncode == 0, enabled.stderr[-2000:]
