@@ -110,6 +110,9 @@ def webhook_endpoint_create(
     """Create an endpoint; returns it and its signing secret, which is never shown again."""
     _check_url(url)
     event_types = _check_event_types(event_types)
+    # Counted and kept under the organization's row lock: creates that counted at once
+    # would each see room for one more.
+    type(organization).objects.select_for_update().filter(pk=organization.pk).exists()
     if WebhookEndpoint.objects.filter(organization=organization).count() >= (
         MAX_ENDPOINTS_PER_ORGANIZATION
     ):

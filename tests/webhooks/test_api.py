@@ -128,3 +128,65 @@ def test_delete_removes_the_endpoint_and_its_deliveries(world):
     assert response.status_code == 204
     assert not WebhookEndpoint.objects.filter(pk=endpoint.pk).exists()
     assert not WebhookDelivery.objects.filter(endpoint_id=endpoint.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creates_cannot_pass_the_endpoint_limit_together(monkeypatch):
+    """The limit is counted and kept under one lock: creates that all counted 19 before any
+    of them inserted made 23 endpoints (each then sends every event it subscribes to)."""
+    import threading
+
+    from django.db import connection
+
+    from kestrel_one.accounts.principal import system_principal
+    from kestrel_one.common.errors import Conflict
+    from kestrel_one.webhooks import services
+    from tests.factories import OrganizationFactory
+
+    organization = OrganizationFactory(slug="crowded")
+    actor = system_principal("tests")
+    limit = services.MAX_ENDPOINTS_PER_ORGANIZATION
+    for index in range(limit - 1):
+        services.webhook_endpoint_create(
+            actor=actor,
+            organization=organization,
+            url=f"https://hooks{index}.example.com/",
+            event_types=["action.failed"],
+        )
+    writers = 4
+    # Every create waits here after its count, so without the lock all of them count 19;
+    # with it the first waits alone (the others queue on the lock) and goes on.
+    counted = threading.Barrier(writers)
+    generate = services.secret_generate
+
+    def slow_generate():
+        try:
+            counted.wait(timeout=2)
+        except threading.BrokenBarrierError:
+            pass
+        return generate()
+
+    monkeypatch.setattr(services, "secret_generate", slow_generate)
+    outcomes: list[str] = []
+
+    def create(number: int) -> None:
+        try:
+            services.webhook_endpoint_create(
+                actor=actor,
+                organization=organization,
+                url=f"https://racer{number}.example.com/",
+                event_types=["action.failed"],
+            )
+            outcomes.append("created")
+        except Conflict:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["created"] + ["refused"] * (writers - 1), outcomes
+    assert WebhookEndpoint.objects.filter(organization=organization).count() == limit
