@@ -54,11 +54,14 @@ def credential_reference(canonical: dict[str, Any]) -> dict[str, str] | None:
     return None
 
 
-def invocation_digest(canonical: dict[str, Any]) -> str:
-    """What an idempotency key binds: the operation's arguments and the credential used. The
-    same key with anything else is another call, and is refused."""
+def invocation_digest(canonical: dict[str, Any], *, project: str) -> str:
+    """What an idempotency key binds: the project the call is made in (its public id), the
+    operation's arguments and the credential used. The same key with anything else is another
+    call, and is refused: a key is never answered with another project's first call (its
+    result, and the effect that call made, are that project's)."""
     return digest(
         {
+            "project": project,
             "adapter": canonical["adapter"],
             "operation": canonical["operation"],
             "args": canonical["args"],
@@ -156,10 +159,10 @@ def adapter_call_admit(
             .values_list("request_digest", flat=True)
             .first()
         )
-        if taken is not None and taken != invocation_digest(canonical):
+        if taken is not None and taken != invocation_digest(canonical, project=project.public_id):
             raise IdempotencyKeyReused(
-                "This idempotency key was already used for a call with other arguments or "
-                "another credential; use a new key for a new call.",
+                "This idempotency key was already used for a call with other arguments, "
+                "another credential or in another project; use a new key for a new call.",
                 details={"args.idempotency_key": ["already used for other arguments"]},
             )
     return canonical

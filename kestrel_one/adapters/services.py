@@ -201,7 +201,7 @@ def _invocation_take(action, args, operation: Operation, *, redelivered: bool):
     """(the key's row, None) when this action holds the key and makes the request; (row,
     what happened) when the call ended here, answered from the key's first answer, refused
     (other arguments), or unknown (a holder that died mid-request)."""
-    request_digest = invocation_digest(args)
+    request_digest = invocation_digest(args, project=action.project.public_id)
     wait_until = time.monotonic() + operation.timeout_s + IDEMPOTENCY_WAIT_GRACE_SECONDS
     lease = timedelta(
         seconds=operation.timeout_s
@@ -233,7 +233,7 @@ def _invocation_take(action, args, operation: Operation, *, redelivered: bool):
             error = {
                 "code": "idempotency_key_reused",
                 "message": "This idempotency key was already used for a call with other "
-                "arguments or another credential; nothing was sent.",
+                "arguments, another credential or in another project; nothing was sent.",
             }
             return invocation, _finish(action, None, "failed", None, error, {})
         if invocation.state == AdapterInvocation.State.ANSWERED:

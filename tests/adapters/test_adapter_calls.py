@@ -19,7 +19,13 @@ from kestrel_one.audit.models import AuditRecord
 from kestrel_one.credentials.services import connection_create, credential_create
 from kestrel_one.execution.models import Action, Receipt
 from kestrel_one.threads.models import ThreadEvent
-from tests.adapters.conftest import actions_url, adapter_project, invoke, wait_for
+from tests.adapters.conftest import (
+    ADAPTER_POLICY,
+    actions_url,
+    adapter_project,
+    invoke,
+    wait_for,
+)
 from tests.credentials.helpers import assert_secret_free, person
 from tests.secret_search import SecretSearch
 
@@ -249,6 +255,42 @@ def test_the_same_idempotency_key_twice_makes_one_upstream_request(
     assert other.status_code == 409, other.content
     assert other.json()["error"]["code"] == "idempotency_key_reused"
     assert len(upstream.requests(host="github", method="POST")) == 1
+
+
+@pytest.mark.spec("CRED-5", "TEN-1")
+def test_an_idempotency_key_is_never_answered_with_another_projects_call(
+    github, upstream, adapter_worker
+):
+    other, other_thread = adapter_project(github.org, name="elsewhere", policy=ADAPTER_POLICY)
+    where = {"project": other, "thread": other_thread}
+    member = github["member"].client()
+    # Both requested before either has taken the key: the worker is what meets them.
+    first = invoke(member, github, comment_args(github, "launch-x"))
+    second = invoke(member, github, comment_args(github, "launch-x"), **where)
+    assert first.status_code == second.status_code == 201, second.content
+    assert approve(github, first.json()["id"]).status_code == 200
+    assert finished(github, first.json()["id"], adapter_worker).state == "succeeded"
+    approved = (
+        github["owner"]
+        .client()
+        .post(
+            f"{actions_url(github, **where)}/{second.json()['id']}/approve",
+            {"reason": "ok"},
+            format="json",
+        )
+    )
+    assert approved.status_code == 200, approved.content
+    action = finished(github, second.json()["id"], adapter_worker)
+    # Not the first project's answer (its result and its effect are that project's): refused,
+    # and nothing is sent for it either.
+    assert action.state == "failed", action.result
+    assert action.error["code"] == "idempotency_key_reused"
+    assert action.result is None
+    assert len(upstream.requests(host="github", method="POST")) == 1
+    # And a new request there with the key is refused before anything is decided.
+    again = invoke(member, github, comment_args(github, "launch-x"), **where)
+    assert again.status_code == 409, again.content
+    assert again.json()["error"]["code"] == "idempotency_key_reused"
 
 
 @pytest.mark.spec("CRED-5", "RUN-9")

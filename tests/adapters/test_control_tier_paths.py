@@ -150,7 +150,7 @@ def test_an_external_call_whose_worker_died_mid_request_is_never_sent_again(
         adapter="github",
         operation="issue_comment.create",
         idempotency_key="k-died",
-        request_digest=invocation_digest(args),
+        request_digest=invocation_digest(args, project=action.project.public_id),
         action=action,
         lease_until=timezone.now() + timedelta(minutes=1),
     )
