@@ -35,7 +35,8 @@ careless upstream might: the adapters must not pass it on) and ``kestrel-echo-cr
 (an ordinary OpenAI answer whose ``system_fingerprint`` is the credential, each stream event
 sent in two writes cut inside it: the gateway must not pass it on either), and
 ``kestrel-echo-credential-escaped`` (the same whole answer with the credential spelled in JSON
-escapes, so only parsing shows it). Usage is
+escapes, so only parsing shows it; Anthropic's stream sends it as one more text delta so
+spelled). Usage is
 deterministic: prompt tokens are the words of the messages (and system), the completion is
 the first ``max_tokens`` words of ``REPLY``. OpenAI streams send usage only when asked with
 ``"stream_options": {"include_usage": true}``, as OpenAI documents.
@@ -644,7 +645,8 @@ class _Handler(BaseHTTPRequestHandler):
         stop = "max_tokens" if truncated else "end_turn"
         ident = f"msg_kestrel{self.server.next_id()}"
         if payload.get("stream"):
-            self._anthropic_stream(ident, model, words, stop, input_tokens)
+            escaped = key if model == "kestrel-echo-credential-escaped" else ""
+            self._anthropic_stream(ident, model, words, stop, input_tokens, escaped)
             return
         self._json(
             200,
@@ -661,7 +663,9 @@ class _Handler(BaseHTTPRequestHandler):
             {"request-id": f"req_{ident}"},
         )
 
-    def _anthropic_stream(self, ident, model, words, stop, input_tokens) -> None:
+    def _anthropic_stream(self, ident, model, words, stop, input_tokens, escaped="") -> None:
+        """``escaped``: a credential streamed as one more text delta, spelled in JSON escapes
+        only (``kestrel-echo-credential-escaped``)."""
         events: list[tuple[str, dict]] = [
             (
                 "message_start",
@@ -698,7 +702,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "delta": {"type": "text_delta", "text": text},
                 },
             )
-            for text in _deltas(words)
+            for text in _deltas(words) + ([escaped] if escaped else [])
         ]
         events += [
             ("content_block_stop", {"type": "content_block_stop", "index": 0}),
@@ -714,7 +718,11 @@ class _Handler(BaseHTTPRequestHandler):
         ]
         self._start_chunked(200, "text/event-stream; charset=utf-8")
         for name, data in events:
-            self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+            text = json.dumps(data)
+            if escaped:
+                spelled = "".join(f"\\u{ord(char):04x}" for char in escaped)
+                text = text.replace(json.dumps(escaped), f'"{spelled}"')
+            self._chunk(f"event: {name}\ndata: {text}\n\n".encode())
         self._end_chunked()
 
 

@@ -452,8 +452,16 @@ def model_call_stream(
     else:
         translator = AnthropicStreamToOpenAI(model=request.policy_name, include_usage=include_usage)
         reader = translator.reader
-        passed = translator.feed
-        tail = translator.finish
+        # The translation writes what it decoded from the provider's JSON, where escapes
+        # (``\u0073k-...``) that hid the credential from the byte mask are gone: what it
+        # writes is masked again, as the whole answer is once parsed.
+        written = EchoMask(forms)
+
+        def passed(chunk: bytes) -> bytes:
+            return written.feed(translator.feed(chunk))
+
+        def tail() -> bytes:
+            return written.feed(translator.finish()) + written.finish()
 
     echoes = EchoMask(forms)
 

@@ -22,6 +22,7 @@ MODELS = [
     "openai/kestrel-slow",
     "anthropic/claude-3-5-haiku-latest",
     "anthropic/kestrel-upstream-error",
+    "anthropic/kestrel-echo-credential-escaped",
 ]
 POLICY = {"capabilities": {"model.invoke": {"models": MODELS}, "fs.read": {"paths": ["**"]}}}
 

@@ -429,3 +429,25 @@ def test_a_credential_spelled_in_json_escapes_is_masked_too(gateway_world, upstr
     assert answer["system_fingerprint"] == "[redacted]"
     assert answer["choices"][0]["message"]["content"] == "Hello from the Kestrel test upstream."
     assert secret not in json.dumps(answer)
+
+
+@pytest.mark.spec("CRED-6", "CRED-1")
+def test_an_anthropic_stream_never_translates_an_escaped_credential_into_plain_text(
+    gateway_world, upstream
+):
+    """The gateway decodes Anthropic's events to write OpenAI's: a credential the provider
+    spelled in JSON escapes is plain text once decoded, so what the gateway writes is masked
+    too."""
+    world = gateway_world
+    body = {
+        "model": "anthropic/kestrel-echo-credential-escaped",
+        "messages": HELLO,
+        "stream": True,
+    }
+    response = post(world, body)
+    assert response.status_code == 200, response.content
+    events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    text = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"])
+    assert text == "Hello from the Kestrel test upstream.[redacted]"  # the upstream did send it
+    assert upstream.secret("anthropic") not in json.dumps(events)
