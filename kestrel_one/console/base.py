@@ -117,13 +117,14 @@ class ConsoleView(View):
         if organization is None:
             raise Http404
         self.organization = organization
+        # Before any refusal: the error page draws the navigation from them.
+        self.scopes = self.principal.scopes_in(organization)
         method = "GET" if request.method == "HEAD" else (request.method or "GET")
         required = self.scope_map.get(method)
         if required is None:
             return self.page_error(
                 405, "Not allowed", f"This page does not accept {method} requests."
             )
-        self.scopes = self.principal.scopes_in(organization)
         if required not in self.scopes:
             return self.page_error(
                 403, "Not allowed", missing_scope_message(self.principal, required, organization)
