@@ -15,6 +15,7 @@ from rest_framework.exceptions import NotFound
 
 from kestrel_one.accounts.principal import missing_scope_message
 from kestrel_one.common.errors import PermissionDenied
+from kestrel_one.common.ids import url_names_storable
 from kestrel_one.tenancy.selectors import organization_addressed, project_visible
 from kestrel_one.threads.models import Thread
 
@@ -46,6 +47,8 @@ class OrgScopedViewSet(viewsets.GenericViewSet):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)  # authentication (401) and IsPrincipal
+        if not url_names_storable(kwargs):
+            raise NotFound()
         principal = request.auth
         organization = organization_addressed(principal, kwargs.get("org"))
         if organization is None:

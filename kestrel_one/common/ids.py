@@ -79,3 +79,11 @@ def PublicIdField(prefix: str):
     return models.CharField(
         max_length=40, unique=True, editable=False, default=public_id_factory(prefix)
     )
+
+
+def url_names_storable(kwargs) -> bool:
+    """Whether every value a URL names (a public id, a slug) could be held by a row: a NUL
+    (``%00``) cannot be stored in PostgreSQL text, so a lookup of it is a database error, not
+    a miss. The bases of the API's and the console's views answer False with the same 404 as
+    any missing object, before anything is looked up."""
+    return not any(isinstance(value, str) and "\x00" in value for value in kwargs.values())

@@ -22,6 +22,7 @@ from django.template.loader import render_to_string
 from django.views import View
 
 from kestrel_one.accounts.principal import Principal, PrincipalKind, missing_scope_message
+from kestrel_one.common.ids import url_names_storable
 from kestrel_one.common.injection import hidden_revealed
 from kestrel_one.console.paging import capped_count
 from kestrel_one.console.sudo import sudo_fresh, sudo_redirect, sudo_seconds_left
@@ -112,6 +113,8 @@ class ConsoleView(View):
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
+        if not url_names_storable(kwargs):
+            raise Http404
         self.principal = session_principal(request)
         organization = organization_addressed(self.principal, kwargs.get("org"))
         if organization is None:
