@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from kestrel_one.adapters.registry import ADAPTERS, UnknownAdapter, get_adapter
@@ -78,10 +78,7 @@ def credential_create(*, actor, organization, name: str, adapter: str, secret: s
     adapter = adapter_check(adapter)
     secret = secret_check(secret)
     if Credential.objects.for_org(organization).active().filter(name=name).exists():
-        raise Conflict(
-            f"The name '{name}' is already used by another credential in this organization.",
-            details={"name": ["taken"]},
-        )
+        raise _name_taken(name)
     if Credential.objects.for_org(organization).active().count() >= (
         MAX_CREDENTIALS_PER_ORGANIZATION
     ):
@@ -98,7 +95,13 @@ def credential_create(*, actor, organization, name: str, adapter: str, secret: s
         created_by=actor.actor_id,
     )
     _seal_into(credential, organization, secret)
-    credential.save()
+    try:
+        with transaction.atomic():
+            credential.save()
+    except IntegrityError:
+        # A create of the same name committed between the check above and this insert: the
+        # one active name per organization (the constraint) is the same refusal.
+        raise _name_taken(name) from None
     audit_record(
         organization=organization,
         actor=actor,
@@ -107,6 +110,13 @@ def credential_create(*, actor, organization, name: str, adapter: str, secret: s
         data={"name": name, "adapter": adapter, "fingerprint": credential.fingerprint},
     )
     return credential
+
+
+def _name_taken(name: str) -> Conflict:
+    return Conflict(
+        f"The name '{name}' is already used by another credential in this organization.",
+        details={"name": ["taken"]},
+    )
 
 
 @transaction.atomic
