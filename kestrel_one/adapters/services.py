@@ -30,11 +30,10 @@ from kestrel_one.common.egress import EgressFailed, EgressRefused, egress_reques
 from kestrel_one.common.jsontext import json_loads
 from kestrel_one.common.redaction import bounded, redact_result
 from kestrel_one.credentials.release import CredentialRefused, secret_release
-from kestrel_one.execution.arguments import action_arguments, call_args_digest
+from kestrel_one.execution.arguments import action_arguments
 from kestrel_one.execution.models import Action, ActionState
 from kestrel_one.execution.services import (
-    action_digest,
-    action_scope,
+    control_call_arguments_intact,
     control_call_claim,
     control_call_finish,
 )
@@ -84,7 +83,7 @@ def adapter_invoke_run(*, action_id: str) -> str:
 
 def _run(action, redelivered: bool, held: list) -> str:
     args = action_arguments(action)
-    if not _digest_intact(action, args):
+    if not control_call_arguments_intact(action, args):
         # The arguments are not the ones decided and approved (the digest binds them): the
         # call is refused, nothing is sent.
         return _finish(action, None, "failed", None, _error("arguments_changed"), {})
@@ -275,17 +274,6 @@ def _invocation_release(invocation) -> None:
         AdapterInvocation.objects.filter(
             pk=invocation.pk, state=AdapterInvocation.State.PENDING
         ).delete()
-
-
-def _digest_intact(action, args) -> bool:
-    args_digest = call_args_digest(args)
-    recomputed = action_digest(
-        scope=action_scope(action),
-        tool=action.tool,
-        args_digest=args_digest,
-        policy_version=action.policy_version,
-    )
-    return args_digest == action.args_digest and recomputed == action.action_digest
 
 
 _ERRORS = {

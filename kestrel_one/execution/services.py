@@ -984,6 +984,21 @@ def end_action(
 CONTROL_TIER_RUNNER = "control-tier"
 
 
+def control_call_arguments_intact(action: Action, args: dict) -> bool:
+    """Whether ``args`` (``action_arguments(action)``) are still the arguments the action was
+    decided and approved with: their digest and the action digest recomputed over them. A
+    control-tier tool checks it before it releases a credential or sends anything, as a
+    runner checks a signed command's digest."""
+    args_digest = call_args_digest(args)
+    recomputed = action_digest(
+        scope=action_scope(action),
+        tool=action.tool,
+        args_digest=args_digest,
+        policy_version=action.policy_version,
+    )
+    return args_digest == action.args_digest and recomputed == action.action_digest
+
+
 def control_call_claim(*, action_id: str, tool: str) -> Action | None:
     """Take a queued control-tier call for the worker that received it: queued -> running,
     once (a conditional update), with its "started" event. None when it is not queued (ended

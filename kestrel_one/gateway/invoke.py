@@ -24,7 +24,11 @@ from kestrel_one.accounts.principal import Principal, PrincipalKind, system_prin
 from kestrel_one.common.errors import ValidationFailed
 from kestrel_one.common.redaction import redact_text
 from kestrel_one.execution.arguments import action_arguments
-from kestrel_one.execution.services import control_call_claim, control_call_finish
+from kestrel_one.execution.services import (
+    control_call_arguments_intact,
+    control_call_claim,
+    control_call_finish,
+)
 from kestrel_one.gateway.api import model_request_check
 from kestrel_one.gateway.calls import Caller, GatewayError, model_call, model_credential_reference
 from kestrel_one.gateway.models import ModelUsage
@@ -132,6 +136,21 @@ def model_invoke_run(*, action_id: str) -> str:
         # expires and is charged; the sweep ends the action). Nothing is sent twice.
         return "not-queued"
     args = action_arguments(action)
+    if not control_call_arguments_intact(action, args):
+        # Not the arguments that were decided and approved (another model, credential or
+        # prompt): nothing is released, reserved or sent.
+        return control_call_finish(
+            action=action,
+            outcome="failed",
+            result=None,
+            error={
+                "code": "arguments_changed",
+                "message": "This call's arguments are not the ones that were decided and "
+                "approved (the action digest binds them), so nothing was sent; request it "
+                "again.",
+            },
+            evidence={"model": None, "usage_record": None},
+        )
     request = model_request_of(args)
     _prompt_record(action, request)
     caller = Caller(

@@ -224,3 +224,30 @@ def test_a_real_adapters_worker_runs_the_call(upstream, tmp_path: Path):
     assert upstream.secret("openai") not in log
     assert ModelUsage.objects.get(action=action).state == "settled"
     assert Action.objects.get(pk=action.pk).receipt.runner == "control-tier"
+
+
+@pytest.mark.spec("RUN-1", "CRED-5")
+def test_arguments_changed_after_the_decision_are_refused_by_the_worker(gateway_world, upstream):
+    """Changed between the decision and the worker (another model, say): the worker checks
+    the action digest, as adapter.invoke's does, and sends nothing."""
+    from kestrel_one.execution.arguments import (
+        action_arguments,
+        arguments_sealed,
+        arguments_shown,
+    )
+
+    world = gateway_world
+    action = action_request(
+        actor=member_principal(world), thread=thread_of(world), tool="model.invoke", args=ARGS
+    )
+    assert action.state == ActionState.QUEUED, action.decision
+    changed = {**action_arguments(action), "model": "kestrel-echo-credential-ok"}
+    shown = arguments_shown(changed)
+    Action.objects.filter(pk=action.pk).update(
+        args=shown, sealed_args=arguments_sealed(changed, shown)
+    )
+    assert model_invoke_run(action_id=action.public_id) == "failed"
+    action.refresh_from_db()
+    assert action.error["code"] == "arguments_changed"
+    assert upstream.requests(host="openai") == []
+    assert not ModelUsage.objects.filter(action=action).exists()  # nothing reserved
