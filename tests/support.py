@@ -9,7 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,36 @@ def kestrel_containers(client: Any) -> dict[str, str]:
         container.id: f"{container.name} ({container.status}) {container.labels}"
         for container in found
     }
+
+
+def at_once(count: int, work: Callable[[int], Any], *, timeout: float = 120) -> list[Any]:
+    """Run ``work(0)`` .. ``work(count - 1)`` in ``count`` threads that start together at a
+    barrier, each with its own database connection (closed when its work ends): what they
+    returned, in the order they finished. An exception in any of them, or one still running
+    after ``timeout``, fails the test."""
+    from django.db import connection
+
+    start = threading.Barrier(count)
+    outcomes: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run(number: int) -> None:
+        try:
+            start.wait(timeout=30)
+            outcomes.append(work(number))
+        except BaseException as error:  # reported to the main thread below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads)
+    return outcomes
 
 
 def free_port() -> int:

@@ -8,16 +8,15 @@ unchained when the writers stop.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.audit.models import AuditRecord
 from kestrel_one.audit.selectors import audit_chain_verify
 from kestrel_one.audit.services import audit_record
 from tests.factories import OrganizationFactory
+from tests.support import at_once
 
 WRITERS = 4
 APPENDS_PER_WRITER = 40
@@ -27,33 +26,19 @@ APPENDS_PER_WRITER = 40
 @pytest.mark.django_db(transaction=True)
 def test_four_concurrent_writers_never_fork_the_chain():
     organization = OrganizationFactory(slug="busy")
-    start = threading.Barrier(WRITERS)
-    errors: list[BaseException] = []
 
     def writer(number: int) -> None:
-        try:
-            actor = system_principal(f"writer-{number}")
-            start.wait(timeout=30)
-            for index in range(APPENDS_PER_WRITER):
-                with transaction.atomic():
-                    audit_record(
-                        organization=organization,
-                        actor=actor,
-                        action="test.append",
-                        data={"writer": number, "index": index},
-                    )
-        except BaseException as error:  # reported to the main thread below
-            errors.append(error)
-        finally:
-            connection.close()
+        actor = system_principal(f"writer-{number}")
+        for index in range(APPENDS_PER_WRITER):
+            with transaction.atomic():
+                audit_record(
+                    organization=organization,
+                    actor=actor,
+                    action="test.append",
+                    data={"writer": number, "index": index},
+                )
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(WRITERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    assert not any(thread.is_alive() for thread in threads)
+    at_once(WRITERS, writer)
 
     result = audit_chain_verify(organization)
     assert result.ok, result.summary()

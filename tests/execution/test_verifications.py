@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from kestrel_one.accounts.models import ApiToken
 from kestrel_one.accounts.principal import Principal, PrincipalKind, system_principal
 from kestrel_one.accounts.services import token_create
 from kestrel_one.common.errors import ValidationFailed
@@ -23,8 +24,10 @@ def verifications_url(world) -> str:
     )
 
 
-def check_token(world, *, checks: list[str]) -> str:
-    _, plaintext = token_create(
+def check_token_made(world, *, checks: list[str]) -> tuple[ApiToken, str]:
+    """An integration token bound to ``checks`` that may also request actions, and its
+    plaintext."""
+    return token_create(
         actor=system_principal("tests"),
         organization=world.org,
         name="ci",
@@ -32,7 +35,10 @@ def check_token(world, *, checks: list[str]) -> str:
         integration=True,
         checks=checks,
     )
-    return plaintext
+
+
+def check_token(world, *, checks: list[str]) -> str:
+    return check_token_made(world, checks=checks)[1]
 
 
 def bearer(plaintext: str) -> APIClient:
@@ -195,14 +201,7 @@ def test_verifications_are_listed_a_page_at_a_time(world):
 def test_a_check_never_accepts_a_task_its_own_lineage_requested(world):
     """A check token is an agent like any other: bound to a check, it may still request
     actions, and what it requested it never accepts (nor rejects) as that check."""
-    token, plaintext = token_create(
-        actor=system_principal("tests"),
-        organization=world.org,
-        name="ci",
-        scopes=["org:read", "projects:read", "projects:write"],
-        integration=True,
-        checks=["ci"],
-    )
+    token, plaintext = check_token_made(world, checks=["ci"])
     own = action_request(
         actor=Principal(PrincipalKind.TOKEN, token=token),
         thread=world.thread,

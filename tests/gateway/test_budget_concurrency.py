@@ -8,10 +8,7 @@ the limit. A read-then-write check would let more than ten through.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from kestrel_one.accounts.principal import system_principal
 from kestrel_one.gateway.models import BudgetWindow, ModelUsage, UsageState
@@ -23,6 +20,7 @@ from kestrel_one.gateway.services import (
     usage_settle,
 )
 from tests.factories import EnvironmentFactory, OrganizationFactory, ProjectFactory
+from tests.support import at_once
 
 CALLERS = 20
 TOKENS = 100
@@ -39,30 +37,6 @@ def _project(per_day, per_month):
         tokens_per_month=per_month,
     )
     return project
-
-
-def _race(project, work):
-    start = threading.Barrier(CALLERS)
-    outcomes: list[str] = []
-    errors: list[BaseException] = []
-
-    def caller(number: int) -> None:
-        try:
-            start.wait(timeout=30)
-            outcomes.append(work(number))
-        except BaseException as error:  # reported to the main thread below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=caller, args=(n,)) for n in range(CALLERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    assert not any(thread.is_alive() for thread in threads)
-    return outcomes
 
 
 def _reserve(project):
@@ -87,7 +61,7 @@ def _reserve(project):
 @pytest.mark.django_db(transaction=True)
 def test_twenty_concurrent_reservations_never_overrun_the_budget(per_day, per_month):
     project = _project(per_day, per_month)
-    outcomes = _race(project, _reserve(project))
+    outcomes = at_once(CALLERS, _reserve(project))
     assert outcomes.count("reserved") == 10
     assert outcomes.count("refused") == 10
     for window in BudgetWindow.objects.filter(project=project):
@@ -120,7 +94,7 @@ def test_twenty_concurrent_calls_settled_with_usage_stay_within_the_budget():
         )
         return "settled"
 
-    outcomes = _race(project, work)
+    outcomes = at_once(CALLERS, work)
     window = BudgetWindow.objects.get(project=project, period="day")
     settled = outcomes.count("settled")
     assert settled >= 10  # released reservations make room for some of the late callers

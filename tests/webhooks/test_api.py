@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from kestrel_one.accounts.principal import system_principal
 from kestrel_one.audit.models import AuditRecord
+from kestrel_one.common.errors import Conflict
+from kestrel_one.webhooks import services
 from kestrel_one.webhooks.models import DeliveryState, WebhookDelivery, WebhookEndpoint
 from tests.api.routes import webhook_objects
+from tests.factories import OrganizationFactory
+from tests.support import at_once
 
 BASE = "/api/v1/orgs/acme/webhooks"
 NEW = {"url": "https://hooks.example.com/kestrel?key=abc", "event_types": ["action.failed"]}
@@ -134,15 +141,6 @@ def test_delete_removes_the_endpoint_and_its_deliveries(world):
 def test_concurrent_creates_cannot_pass_the_endpoint_limit_together(monkeypatch):
     """The limit is counted and kept under one lock: creates that all counted 19 before any
     of them inserted made 23 endpoints (each then sends every event it subscribes to)."""
-    import threading
-
-    from django.db import connection
-
-    from kestrel_one.accounts.principal import system_principal
-    from kestrel_one.common.errors import Conflict
-    from kestrel_one.webhooks import services
-    from tests.factories import OrganizationFactory
-
     organization = OrganizationFactory(slug="crowded")
     actor = system_principal("tests")
     limit = services.MAX_ENDPOINTS_PER_ORGANIZATION
@@ -167,9 +165,8 @@ def test_concurrent_creates_cannot_pass_the_endpoint_limit_together(monkeypatch)
         return generate()
 
     monkeypatch.setattr(services, "secret_generate", slow_generate)
-    outcomes: list[str] = []
 
-    def create(number: int) -> None:
+    def create(number: int) -> str:
         try:
             services.webhook_endpoint_create(
                 actor=actor,
@@ -177,16 +174,10 @@ def test_concurrent_creates_cannot_pass_the_endpoint_limit_together(monkeypatch)
                 url=f"https://racer{number}.example.com/",
                 event_types=["action.failed"],
             )
-            outcomes.append("created")
         except Conflict:
-            outcomes.append("refused")
-        finally:
-            connection.close()
+            return "refused"
+        return "created"
 
-    threads = [threading.Thread(target=create, args=(n,)) for n in range(writers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    outcomes = at_once(writers, create, timeout=60)
     assert sorted(outcomes) == ["created"] + ["refused"] * (writers - 1), outcomes
     assert WebhookEndpoint.objects.filter(organization=organization).count() == limit
