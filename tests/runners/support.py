@@ -3,7 +3,10 @@ worker process's environment."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 from pathlib import Path
 
 from runners.config import RunnerConfig
@@ -11,6 +14,29 @@ from runners.config import RunnerConfig
 # The Redis database the runner tests use as broker and call state. It is flushed, so two
 # suites on one machine need different ones (TEST_RUNNER_REDIS_URL).
 RUNNER_REDIS_URL = os.environ.get("TEST_RUNNER_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def fake_relay(sock: Path, *, say: bytes = b"", calls: int | None = 1) -> threading.Thread:
+    """At ``sock``, a relay that reads each request, writes ``say`` and closes: for ``calls``
+    connections, or for as many as come (None). The thread serving it, started."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(8)
+    listener.settimeout(60)
+
+    def serve() -> None:
+        with listener, contextlib.suppress(OSError):
+            served = 0
+            while calls is None or served < calls:
+                connection, _ = listener.accept()
+                with connection:
+                    connection.makefile("rb").readline()
+                    connection.sendall(say)
+                served += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
 
 
 def runner_config(

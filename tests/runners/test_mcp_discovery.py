@@ -296,6 +296,13 @@ def _discover(runner: Runner, reports: list[str], server_profile: dict[str, Any]
     return report
 
 
+def _signed_request(server_profile: dict[str, Any]) -> Any:
+    """A discovery request of ``server_profile`` as a runner verifies it."""
+    return verify_request(
+        sign_discovery_request(request_claims(profile=server_profile), CONTROL_KEY)
+    )
+
+
 def _discovery_containers(client: Any) -> list[Any]:
     return client.containers.list(all=True, filters={"label": f"io.kestrel.discovery={DISCOVERY}"})
 
@@ -333,11 +340,7 @@ def test_a_listing_that_fails_fails_the_discovery_with_its_own_error(
     exception groups, past ``discover``'s ``McpError``: no report was sent, and the server
     stayed "discovering" until the control plane's own timeout. It is the report's error."""
     command = ["python3", "/opt/h1-test/server.py", "--list-delay", "5"]
-    request = verify_request(
-        sign_discovery_request(
-            request_claims(profile=profile(server_image, command=command)), CONTROL_KEY
-        )
-    )
+    request = _signed_request(profile(server_image, command=command))
     report = discover(request, runner_id=runner_id, list_timeout=1)
     assert report["tools"] is None and report["image"] == server_image
     assert report["error"] == {
@@ -356,11 +359,7 @@ def test_a_discovery_ends_within_the_runners_ceiling_with_a_report(
     ended and no report sent, and the server stayed "discovering". Both now share that
     ceiling, and what is past it is the report's error."""
     command = ["python3", "/opt/h1-test/server.py", "--list-delay", "20"]
-    request = verify_request(
-        sign_discovery_request(
-            request_claims(profile=profile(server_image, command=command)), CONTROL_KEY
-        )
-    )
+    request = _signed_request(profile(server_image, command=command))
     report = discover(request, runner_id=runner_id, max_seconds=10)
     assert report["tools"] is None and report["image"] == server_image
     assert report["error"]["code"] in {"mcp_timeout", "mcp_start_failed"}, report["error"]

@@ -8,11 +8,9 @@ server wrote.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +30,7 @@ from runners.mcp.errors import McpProtocolError
 from runners.mcp.relay import MAX_LOG_BYTES, MAX_RECORD_CHARS
 from runners.mcp.servers import RELAY_PROTOCOL, SENDING, DockerMcpServers, _ask, _Retry
 from runners.mcp.session import RECORDS_PER_KIND, PerKindLimit, server_session
-from tests.runners.support import plain_mcp_server
+from tests.runners.support import fake_relay, plain_mcp_server
 from tests.runners.test_mcp_servers import (  # noqa: F401 - fixtures
     call,
     listed,
@@ -216,21 +214,7 @@ def short_dir() -> Iterator[Path]:
 def _relay_that(directory: Path, say: bytes) -> tuple[Path, threading.Thread]:
     """A socket at which a relay reads one request, writes ``say`` and closes."""
     sock = directory / f"relay-{uuid.uuid4().hex[:8]}.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(sock))
-    listener.listen(1)
-    listener.settimeout(60)
-
-    def serve() -> None:
-        with listener, contextlib.suppress(OSError):
-            connection, _ = listener.accept()
-            with connection:
-                connection.makefile("rb").readline()
-                connection.sendall(say)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return sock, thread
+    return sock, fake_relay(sock, say=say)
 
 
 CALL = {"op": "call", "pinned": {}, "tool": "echo", "arguments": {}, "timeout_s": 5}

@@ -82,7 +82,7 @@ from runners.sandbox import ExecLimits
 from runners.sandbox.docker import LABEL_PREFIX
 from runners.tools.mcp import McpUnavailable
 from runners.workspace import workspace_for
-from tests.runners.support import plain_mcp_server, runner_config
+from tests.runners.support import fake_relay, plain_mcp_server, runner_config
 from tests.runners.test_protocol import CONTROL_KEY, CONTROL_PUBLIC, POOL, command_claims
 
 pytestmark = [pytest.mark.docker]
@@ -1442,26 +1442,6 @@ def test_a_relay_gone_without_a_word_is_replaced_by_the_threads_next_call(
     assert new.id != old.id
 
 
-def _drops_every_call(sock: Path) -> threading.Thread:
-    """At ``sock``, a relay stopping at its idle timeout as calls come: it reads each
-    request and closes, having sent nothing to a server."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(sock))
-    listener.listen(8)
-    listener.settimeout(60)
-
-    def serve() -> None:
-        with listener, contextlib.suppress(OSError):
-            while True:
-                connection, _ = listener.accept()
-                with connection:
-                    connection.makefile("rb").readline()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.spec("MCP-5")
 def test_a_call_a_stopping_relay_drops_unsent_goes_to_a_new_relay_and_runs_once(
     server_image: str,
@@ -1494,7 +1474,9 @@ def test_a_call_a_stopping_relay_drops_unsent_goes_to_a_new_relay_and_runs_once(
     (directory,) = [path for path in warm_root.glob("mcp-*") if path.is_dir()]
     os.kill(int((directory / "pid").read_text()), signal.SIGKILL)
     (directory / "relay.sock").unlink()
-    _drops_every_call(directory / "relay.sock")
+    # A relay stopping at its idle timeout as calls come: it reads each request and
+    # closes, having sent nothing to a server.
+    fake_relay(directory / "relay.sock", calls=None)
     assert append("second") == "appended"
     assert (project_workspace / "notes.txt").read_text().splitlines() == ["first", "second"]
 
