@@ -47,7 +47,12 @@ from kestrel_one.console.sudo import sudo_fresh, sudo_redirect
 from kestrel_one.execution.enrollment import runner_revoke_for_organization, runners_serving
 from kestrel_one.tenancy import services as tenancy_services
 from kestrel_one.tenancy.models import Project
-from kestrel_one.tenancy.selectors import member_project_grants, memberships_of
+from kestrel_one.tenancy.selectors import (
+    MemberProjects,
+    member_project_grants,
+    member_projects_seen,
+    memberships_of,
+)
 from kestrel_one.webhooks import services as webhook_services
 from kestrel_one.webhooks.events import EVENT_TYPES
 from kestrel_one.webhooks.models import DeliveryState
@@ -273,23 +278,8 @@ class MembersView(ConsoleView):
         fresh = MemberAddForm(projects=self.visible_projects())
         return _no_store(self.members_page(fresh, added=added))
 
-    def projects_shown(self, memberships) -> dict[int, dict[str, Any]]:
-        """The projects of each limited member among ``memberships``, by user id, as this
-        person may read them (SURF-1): those they see by name, the others only counted."""
-        grants = member_project_grants(memberships)
-        granted = {project.pk for projects in grants.values() for project in projects}
-        seen = set(
-            self.visible_projects().filter(pk__in=granted).values_list("pk", flat=True)
-            if granted
-            else ()
-        )
-        return {
-            user_id: {
-                "seen": [project for project in projects if project.pk in seen],
-                "unseen": sum(project.pk not in seen for project in projects),
-            }
-            for user_id, projects in grants.items()
-        }
+    def projects_shown(self, memberships) -> dict[int, MemberProjects]:
+        return member_projects_seen(memberships, self.principal, self.organization)
 
     def members_page(self, form, *, status: int = 200, **extra: Any):
         members = _page_of(self.request, memberships_of(self.organization).order_by("created_at"))

@@ -20,7 +20,7 @@ from kestrel_one.api.serializers import (
 )
 from kestrel_one.tenancy import services
 from kestrel_one.tenancy.models import Environment, Membership, Organization, Project
-from kestrel_one.tenancy.selectors import member_project_grants, memberships_of
+from kestrel_one.tenancy.selectors import MemberProjects, member_projects_seen, memberships_of
 
 READ = "org:read"
 
@@ -72,10 +72,8 @@ class OrganizationViewSet(OrgScopedViewSet):
 
 class MemberSerializer(serializers.ModelSerializer):
     """A member as the caller may read them (SURF-1): a limited member's projects are named
-    only where the caller sees them too, and the others are only counted.
-
-    The context holds ``seen``: the pks of the projects the caller sees, or None for all of
-    them (``member_context``); without it nothing is named."""
+    only where the caller sees them too, and the others are only counted. The context's
+    ``shown`` holds that reading (``MembershipViewSet.member_context``)."""
 
     id = serializers.CharField(source="public_id", read_only=True)
     user = serializers.SerializerMethodField()
@@ -96,32 +94,18 @@ class MemberSerializer(serializers.ModelSerializer):
         user = membership.user
         return {"id": user.public_id, "email": user.email, "name": user.name}
 
-    def _granted(self, membership) -> list[Project]:
-        # A list has its page's grants read at once (MembershipViewSet.get_serializer).
-        grants = self.context.get("grants")
-        if grants is None:
-            grants = member_project_grants([membership])
-        return grants.get(membership.user_id, [])
-
-    def _seen(self, project: Project) -> bool:
-        seen = self.context.get("seen", frozenset())
-        return seen is None or project.pk in seen
+    def _shown(self, membership) -> MemberProjects:
+        return self.context["shown"].get(membership.user_id, MemberProjects(seen=[], unseen=0))
 
     def get_projects(self, membership) -> list[str] | None:
         if membership.all_projects:
             return None
-        return sorted(p.public_id for p in self._granted(membership) if self._seen(p))
+        return sorted(project.public_id for project in self._shown(membership).seen)
 
     def get_hidden_projects(self, membership) -> int | None:
         if membership.all_projects:
             return None
-        return sum(not self._seen(p) for p in self._granted(membership))
-
-
-def member_context(principal, organization) -> dict[str, Any]:
-    """What ``MemberSerializer`` needs to show members to ``principal``."""
-    limit = Project.objects.limit_of(principal, organization)
-    return {"seen": None if limit is None else frozenset(limit.values_list("pk", flat=True))}
+        return self._shown(membership).unseen
 
 
 class MemberAddedSerializer(MemberSerializer):
@@ -197,18 +181,17 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
     def restrict(self, queryset):
         return memberships_of(self.organization)
 
-    def member_context(self) -> dict[str, Any]:
-        return member_context(self.principal, self.organization)
+    def member_context(self, memberships) -> dict[str, Any]:
+        """What ``MemberSerializer`` needs to show ``memberships`` to this caller: one read
+        for the whole page, not one per member."""
+        return {"shown": member_projects_seen(memberships, self.principal, self.organization)}
 
     def get_serializer(self, *args, **kwargs):
         if args:  # members to show (not the schema's bare serializer): as this caller sees them
-            context = {**self.get_serializer_context(), **self.member_context()}
+            rows = list(args[0]) if kwargs.get("many") else [args[0]]
+            kwargs["context"] = {**self.get_serializer_context(), **self.member_context(rows)}
             if kwargs.get("many"):
-                # One query for the limited members' projects of the whole page, not one each.
-                rows = list(args[0])
-                context["grants"] = member_project_grants(rows)
                 args = (rows, *args[1:])
-            kwargs["context"] = context
         return super().get_serializer(*args, **kwargs)
 
     @extend_schema(request=MemberCreateSerializer, responses={201: MemberAddedSerializer})
@@ -231,7 +214,8 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
             base_url=settings.KESTREL_PUBLIC_URL or request.build_absolute_uri("/"),
         )
         body = MemberAddedSerializer(
-            added.membership, context={"added": added, **self.member_context()}
+            added.membership,
+            context={"added": added, **self.member_context([added.membership])},
         ).data
         # The link is a credential: no cache keeps it.
         return Response(body, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
@@ -253,7 +237,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OrgSco
             projects=limited_to,
             all_projects="projects" in values and values["projects"] is None,
         )
-        return Response(MemberSerializer(membership, context=self.member_context()).data)
+        return Response(self.get_serializer(membership).data)
 
     def destroy(self, request, *args, **kwargs):
         services.membership_remove(actor=self.principal, membership=self.get_object())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
 from django.db.models import QuerySet
 
@@ -41,6 +42,33 @@ def member_project_grants(memberships) -> dict[int, list[Project]]:
         if grant.content_object not in granted[grant.user_id]:
             granted[grant.user_id].append(grant.content_object)
     return dict(granted)
+
+
+class MemberProjects(NamedTuple):
+    """A limited member's projects as someone reads them: by name where they see them too,
+    sorted by name, and the others only counted."""
+
+    seen: list[Project]
+    unseen: int
+
+
+def member_projects_seen(memberships, principal, organization) -> dict[int, MemberProjects]:
+    """For the limited ones among ``memberships``, by user id, the projects each holds as
+    ``principal`` may read them (SURF-1: nobody learns of a project they cannot see, not
+    even its id); one query for the grants and at most one for what ``principal`` sees."""
+    grants = member_project_grants(memberships)
+    granted = {project.pk for projects in grants.values() for project in projects}
+    limit = Project.objects.limit_of(principal, organization) if granted else None
+    seen = (
+        granted if limit is None else set(limit.filter(pk__in=granted).values_list("pk", flat=True))
+    )
+    return {
+        user_id: MemberProjects(
+            seen=[project for project in projects if project.pk in seen],
+            unseen=sum(project.pk not in seen for project in projects),
+        )
+        for user_id, projects in grants.items()
+    }
 
 
 def organization_addressed(principal, slug) -> Organization | None:
